@@ -1,0 +1,621 @@
+// The aten kernels of the tpu device. One boxed kernel serves every op that has a lowering:
+// it turns the op's arguments into a graph node, asks PyTorch's meta kernel for the output
+// shapes and dtypes, and hands the node to the engine. Ops without a lowering run on CPU.
+#include <ATen/FunctionalTensorWrapper.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_to_copy.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "device/generator.h"
+#include "device/kernels.h"
+#include "device/tensor.h"
+#include "engine/engine.h"
+#include "lowering/registry.h"
+
+namespace torchtpu {
+
+namespace {
+
+std::atomic<int> g_fallback_policy{0};  // 0 warn, 1 error, 2 silent
+
+// Runs f, turning the runtime's errors into the exceptions PyTorch users expect.
+template <typename F>
+auto translate_errors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const DeviceOutOfMemory& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+std::string op_name(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name();
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+bool is_number_type(const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  if (t->kind() == c10::TypeKind::NumberType) return true;
+  if (auto list = t->cast<c10::ListType>()) return list->getElementType()->kind() == c10::TypeKind::NumberType;
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------
+// Output types from PyTorch's meta kernels (cached per node signature).
+
+struct OutputSignature {
+  std::vector<int> list_sizes;  // per return: -1 for a Tensor, N for a Tensor[] of N
+  std::vector<TensorType> types;
+};
+
+std::unordered_map<uint64_t, OutputSignature>& meta_cache() {
+  static std::unordered_map<uint64_t, OutputSignature> cache;
+  return cache;
+}
+std::mutex g_meta_mutex;
+
+c10::IValue to_meta(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return v;
+    return at::empty(t.sizes(), t.options().device(c10::kMeta));
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(to_meta(t).toTensor());
+    return out;
+  }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const auto& ref : v.toOptionalTensorList()) {
+      std::optional<at::Tensor> t = ref;
+      if (t.has_value() && t->defined()) out.push_back(to_meta(*t).toTensor());
+      else out.push_back(std::nullopt);
+    }
+    return out;
+  }
+  if (v.isDevice()) return c10::Device(c10::kMeta);
+  if (v.isGenerator()) return c10::IValue();
+  return v;
+}
+
+OutputSignature infer_outputs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  torch::jit::Stack meta;
+  meta.reserve(args.size());
+  for (const auto& a : args) meta.push_back(to_meta(a));
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  }
+  OutputSignature sig;
+  for (const c10::IValue& r : meta) {
+    if (r.isTensor()) {
+      sig.list_sizes.push_back(-1);
+      sig.types.push_back(tensor_type_of(r.toTensor()));
+    } else if (r.isTensorList()) {
+      auto list = r.toTensorList();
+      sig.list_sizes.push_back(static_cast<int>(list.size()));
+      for (const at::Tensor& t : list) sig.types.push_back(tensor_type_of(t));
+    } else {
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "torchtpu: op returns a non-tensor value");
+    }
+  }
+  return sig;
+}
+
+// ---------------------------------------------------------------------------------------
+// Arguments -> node.
+
+struct ParsedOp {
+  std::vector<Arg> args;
+  std::vector<ValuePtr> operands;
+  int device = -1;
+  bool supported = true;
+};
+
+int device_of_args(const std::vector<c10::IValue>& args) {
+  for (const auto& v : args) {
+    if (v.isTensor() && is_tpu(v.toTensor())) return v.toTensor().device().index();
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (is_tpu(t)) return t.device().index();
+    if (v.isOptionalTensorList())
+      for (const auto& ref : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = ref;
+        if (t.has_value() && is_tpu(*t)) return t->device().index();
+      }
+  }
+  for (const auto& v : args)
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1)
+      return v.toDevice().has_index() ? v.toDevice().index() : current_device();
+  return current_device();
+}
+
+ParsedOp parse_args(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args, const LoweringRule* rule) {
+  ParsedOp p;
+  p.device = device_of_args(args);
+  check_device_index(p.device);
+  auto add_tensor = [&](const at::Tensor& t) {
+    p.operands.push_back(value_of(t, p.device));
+    return static_cast<int>(p.operands.size() - 1);
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    bool lift = !rule->static_scalars && is_number_type(schema.arguments()[i].type());
+    Arg a;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined()) a = Arg::tensor(add_tensor(t));
+    } else if (v.isTensorList()) {
+      a.kind = Arg::Kind::TensorList;
+      for (const at::Tensor& t : v.toTensorList()) a.operands.push_back(add_tensor(t));
+    } else if (v.isOptionalTensorList()) {
+      a.kind = Arg::Kind::TensorList;
+      for (const auto& ref : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = ref;
+        a.operands.push_back(t.has_value() && t->defined() ? add_tensor(*t) : -1);
+      }
+    } else if (v.isNone() || v.isDevice() || v.isGenerator()) {
+      // None; devices were resolved above; generators are handled by random rules.
+    } else if (v.isBool()) {
+      a = Arg::boolean(v.toBool(), lift);
+    } else if (v.isInt()) {
+      a = Arg::integer(v.toInt(), lift);
+    } else if (v.isSymInt()) {
+      a = Arg::integer(v.toSymInt().guard_int(__FILE__, __LINE__), lift);
+    } else if (v.isDouble()) {
+      a = Arg::real(v.toDouble(), lift);
+    } else if (v.isIntList() || v.isSymIntList()) {
+      a.kind = Arg::Kind::IntList;
+      if (v.isIntList()) {
+        a.ints = v.toIntVector();
+      } else {
+        for (const c10::SymInt& s : v.toSymIntList()) a.ints.push_back(s.guard_int(__FILE__, __LINE__));
+      }
+    } else if (v.isDoubleList()) {
+      a.kind = Arg::Kind::DoubleList;
+      a.doubles = v.toDoubleVector();
+      a.lifted = lift;
+    } else if (v.isBoolList()) {
+      a.kind = Arg::Kind::BoolList;
+      for (bool b : v.toBoolList()) a.ints.push_back(b);
+    } else if (v.isString()) {
+      a.kind = Arg::Kind::String;
+      a.s = v.toStringRef();
+    } else if (v.isList()) {
+      // Scalar[]: numbers of mixed kinds become doubles (ints stay exact below 2^53).
+      a.kind = Arg::Kind::DoubleList;
+      a.lifted = lift;
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isDouble()) a.doubles.push_back(e.toDouble());
+        else if (e.isInt()) a.doubles.push_back(static_cast<double>(e.toInt()));
+        else if (e.isBool()) a.doubles.push_back(e.toBool());
+        else p.supported = false;
+      }
+    } else {
+      p.supported = false;
+    }
+    p.args.push_back(std::move(a));
+  }
+  return p;
+}
+
+uint64_t signature_hash(const LoweringRule* rule, const ParsedOp& p) {
+  Node probe;
+  probe.rule = rule;
+  probe.args = p.args;
+  probe.operands = p.operands;
+  uint64_t h = hash_node(probe);
+  probe.operands.clear();  // keep node_uses untouched: the probe never incremented them
+  return h;
+}
+
+void append_generator_args(ParsedOp& p, const std::vector<c10::IValue>& args) {
+  at::Generator chosen = default_generator(p.device);
+  for (const auto& v : args)
+    if (v.isGenerator()) chosen = v.toGenerator();
+  auto* impl = dynamic_cast<TpuGeneratorImpl*>(chosen.unsafeGetGeneratorImpl());
+  TORCH_CHECK(impl, "torchtpu: random ops on tpu need a tpu generator (torch.Generator(device=\"tpu\"))");
+  auto [seed, offset] = impl->next();
+  p.args.push_back(Arg::integer(static_cast<int64_t>(seed), true));
+  p.args.push_back(Arg::integer(static_cast<int64_t>(offset), true));
+}
+
+// Returns false when the op cannot be lowered here (the caller falls back to CPU).
+bool lower_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  size_t n = schema.arguments().size();
+  std::vector<c10::IValue> args(stack->end() - n, stack->end());
+  for (const auto& v : args) {
+    if (v.isTensor() && v.toTensor().defined()) {
+      const auto& t = v.toTensor();
+      if (!is_supported_dtype(static_cast<int>(t.scalar_type()))) return false;
+      if (!is_tpu(t) && !t.device().is_cpu()) return false;
+    }
+  }
+  ParsedOp p = parse_args(schema, args, rule);
+  if (!p.supported) return false;
+  uint64_t key = signature_hash(rule, p);
+  OutputSignature sig;
+  {
+    std::unique_lock<std::mutex> lock(g_meta_mutex);
+    auto it = meta_cache().find(key);
+    if (it != meta_cache().end()) {
+      sig = it->second;
+    } else {
+      lock.unlock();
+      try {
+        sig = infer_outputs(op, args);
+      } catch (const c10::NotImplementedError&) {
+        return false;  // no meta kernel: run it on CPU
+      }
+      for (const TensorType& t : sig.types)
+        if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;
+      lock.lock();
+      meta_cache()[key] = sig;
+    }
+  }
+  if (rule->random) append_generator_args(p, args);
+  std::vector<ValuePtr> values = Engine::get().record(rule, std::move(p.args), std::move(p.operands), sig.types, p.device);
+  torch::jit::drop(*stack, n);
+  size_t next = 0;
+  for (int size : sig.list_sizes) {
+    if (size < 0) {
+      stack->push_back(wrap_for_user(make_tensor(values[next++])));
+    } else {
+      c10::List<at::Tensor> list;
+      for (int i = 0; i < size; ++i) list.push_back(wrap_for_user(make_tensor(values[next++])));
+      stack->push_back(std::move(list));
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// CPU fallback: inputs to CPU, run there, results back.
+
+std::mutex g_warned_mutex;
+std::unordered_set<std::string> g_warned;
+
+at::Tensor to_cpu(const at::Tensor& t) {
+  if (!is_tpu(t)) return t;
+  return download(value_of(t, t.device().index()));
+}
+
+void write_back(const at::Tensor& tpu_dst, const at::Tensor& cpu_src) {
+  at::Tensor inner = unwrap(tpu_dst);
+  auto* impl = static_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
+  impl->set_value(upload(cpu_src.to(tpu_dst.scalar_type()), tpu_dst.device().index()));
+  if (at::functionalization::impl::isFunctionalTensor(tpu_dst))
+    at::functionalization::impl::replace_(tpu_dst, inner);
+}
+
+}  // namespace
+
+void set_fallback_policy(const std::string& policy) {
+  if (policy == "warn") g_fallback_policy = 0;
+  else if (policy == "error") g_fallback_policy = 1;
+  else if (policy == "silent") g_fallback_policy = 2;
+  else throw std::invalid_argument("torchtpu: TORCHTPU_FALLBACK must be warn, error or silent, not '" + policy + "'");
+}
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::string name = op_name(op);
+  if (g_fallback_policy == 1)
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "torchtpu: op ", name, " has no tpu lowering and TORCHTPU_FALLBACK=error; "
+                                "set TORCHTPU_FALLBACK=warn to run it on CPU");
+  Engine::get().record_fallback(name);
+  if (g_fallback_policy == 0) {
+    std::lock_guard<std::mutex> lock(g_warned_mutex);
+    if (g_warned.insert(name).second)
+      TORCH_WARN("torchtpu: op ", name, " has no tpu lowering yet; it runs on CPU (copies to and from the device). "
+                 "torchtpu.metrics.counters()['fallback_ops'] counts these; TORCHTPU_FALLBACK=error makes it an error.");
+  }
+  const auto& schema = op.schema();
+  size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  int device = device_of_args(std::vector<c10::IValue>(args.begin(), args.end()));
+  std::vector<std::pair<at::Tensor, at::Tensor>> mutated;  // (tpu tensor, its CPU stand-in)
+  for (size_t i = 0; i < n; ++i) {
+    c10::IValue& v = (*stack)[stack->size() - n + i];
+    const auto* alias = schema.arguments()[i].alias_info();
+    bool written = alias && alias->isWrite();
+    if (v.isTensor()) {
+      at::Tensor t = v.toTensor();
+      if (is_tpu(t)) {
+        at::Tensor cpu = to_cpu(t);
+        if (written) mutated.emplace_back(t, cpu);
+        v = cpu;
+      }
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> cpu_list;
+      for (const at::Tensor& t : v.toTensorList()) {
+        at::Tensor cpu = to_cpu(t);
+        if (written && is_tpu(t)) mutated.emplace_back(t, cpu);
+        cpu_list.push_back(cpu);
+      }
+      v = cpu_list;
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> cpu_list;
+      for (const auto& ref : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = ref;
+        cpu_list.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(to_cpu(*t)) : std::nullopt);
+      }
+      v = cpu_list;
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      v = c10::Device(c10::kCPU);
+    } else if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
+      v = c10::IValue();
+    }
+  }
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
+  for (auto& [tpu, cpu] : mutated) write_back(tpu, cpu);
+  size_t r = schema.returns().size();
+  for (size_t i = 0; i < r; ++i) {
+    c10::IValue& v = (*stack)[stack->size() - r + i];
+    const auto* alias = schema.returns()[i].alias_info();
+    if (alias && alias->isWrite()) {
+      // Returns an argument it mutated (add_, out=): hand back the tpu tensor.
+      for (auto& [tpu, cpu] : mutated)
+        if (v.isTensor() && v.toTensor().is_same(cpu)) v = tpu;
+      continue;
+    }
+    if (v.isTensor() && v.toTensor().defined()) {
+      v = wrap_for_user(make_tensor(upload(v.toTensor(), device)));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(wrap_for_user(make_tensor(upload(t, device))));
+      v = out;
+    }
+  }
+}
+
+namespace {
+
+// _foreach_X(list, ...) without a lowering of its own: X on each element.
+bool decompose_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& name = op.operator_name();
+  std::string base = name.name.substr(std::string("aten::_foreach_").size());
+  std::string overload = name.overload_name;
+  static const std::unordered_map<std::string, std::vector<std::string>> overloads = {
+      {"List", {"Tensor", "Tensor_Tensor", ""}},   {"Scalar", {"Scalar", "Tensor_Scalar", ""}},
+      {"ScalarList", {"Scalar", "Tensor_Scalar", ""}}, {"Tensor", {"Tensor", ""}},
+      {"", {"", "default"}},                          {"ScalarAndTensor", {"Scalar"}},
+  };
+  auto candidates = overloads.find(overload);
+  if (candidates == overloads.end()) return false;
+  std::optional<c10::OperatorHandle> element_op;
+  for (const auto& o : candidates->second) {
+    element_op = c10::Dispatcher::singleton().findOp({"aten::" + base, o});
+    if (element_op) break;
+  }
+  if (!element_op) return false;
+  const auto& schema = op.schema();
+  size_t n = schema.arguments().size();
+  if (element_op->schema().arguments().size() != n) return false;
+  std::vector<c10::IValue> args(stack->end() - n, stack->end());
+  size_t count = 0;
+  for (const auto& v : args) {
+    if (v.isTensorList()) count = v.toTensorList().size();
+  }
+  c10::List<at::Tensor> results;
+  for (size_t i = 0; i < count; ++i) {
+    torch::jit::Stack element;
+    for (const auto& v : args) {
+      if (v.isTensorList()) element.push_back(v.toTensorList().get(i));
+      else if (v.isList() && !v.isTensorList()) element.push_back(v.toListRef()[i]);
+      else element.push_back(v);
+    }
+    element_op->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &element);
+    if (!schema.returns().empty()) results.push_back(element.back().toTensor());
+  }
+  torch::jit::drop(*stack, n);
+  if (!schema.returns().empty()) stack->push_back(results);
+  return true;
+}
+
+void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  translate_errors([&] {
+    std::string name = op_name(op);
+    const LoweringRule* rule = find_lowering(name);
+    if (rule && !op.schema().is_mutable() && lower_op(op, rule, stack)) return;
+    if (!rule && name.rfind("aten::_foreach_", 0) == 0 && !op.schema().is_mutable() && decompose_foreach(op, stack))
+      return;
+    cpu_fallback(op, stack);
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels that are not plain ops on device values: allocation and copies.
+
+at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                     std::optional<at::Device> device, std::optional<bool>, std::optional<at::MemoryFormat>) {
+  return translate_errors([&] {
+    TORCH_CHECK(!layout || *layout == at::kStrided, "torchtpu: only strided tensors are supported on tpu");
+    for (int64_t d : size) TORCH_CHECK(d >= 0, "Trying to create tensor with negative dimension ", d, ": ", size);
+    int index = device && device->has_index() ? device->index() : current_device();
+    check_device_index(index);
+    TensorType type{size.vec(), to_dtype(dtype.value_or(at::get_default_dtype_as_scalartype()))};
+    return wrap_for_user(make_tensor(zeros_value(type, index)));
+  });
+}
+
+at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef, std::optional<at::ScalarType> dtype,
+                             std::optional<at::Layout> layout, std::optional<at::Device> device,
+                             std::optional<bool> pin) {
+  return tpu_empty(size, dtype, layout, device, pin, std::nullopt);
+}
+
+// Writes src (any device) into the inner tpu tensor dst, converting and broadcasting.
+void assign_to_tpu(const at::Tensor& dst, const at::Tensor& src) {
+  at::Tensor inner = unwrap(dst);
+  auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
+  TORCH_CHECK(impl, "torchtpu: copy destination is not a tpu tensor");
+  int device = dst.device().index();
+  ValuePtr v;
+  if (is_tpu(src) && src.device().index() == device) {
+    v = value_of(src, device);
+  } else {
+    at::Tensor host = is_tpu(src) ? download(value_of(src, src.device().index())) : src;
+    v = upload(host, device);
+  }
+  v = broadcast_value(convert_value(v, to_dtype(dst.scalar_type())), dst.sizes().vec());
+  impl->set_value(v);
+  if (at::functionalization::impl::isFunctionalTensor(dst)) at::functionalization::impl::replace_(dst, inner);
+}
+
+at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
+  return translate_errors([&] {
+    if (is_tpu(dst)) {
+      assign_to_tpu(dst, self);
+    } else {
+      at::Tensor host = download(value_of(self, self.device().index()));
+      dst.copy_(host);
+    }
+    return dst;
+  });
+}
+
+// copy(self, src): functionalization's form of self.copy_(src); a new value, src converted
+// to self's dtype and broadcast to its shape.
+at::Tensor tpu_copy(const at::Tensor& self, const at::Tensor& src, bool) {
+  return translate_errors([&] {
+    int device = self.device().index();
+    ValuePtr v;
+    if (is_tpu(src) && src.device().index() == device) {
+      v = value_of(src, device);
+    } else {
+      v = upload(is_tpu(src) ? download(value_of(src, src.device().index())) : src, device);
+    }
+    v = broadcast_value(convert_value(v, to_dtype(self.scalar_type())), self.sizes().vec());
+    return wrap_for_user(make_tensor(v));
+  });
+}
+
+at::Tensor tpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  return translate_errors([&] {
+    if (is_tpu(dst)) {
+      at::Tensor inner = unwrap(dst);
+      auto* impl = static_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
+      int device = dst.device().index();
+      ValuePtr v = is_tpu(self) ? value_of(self, device) : upload(self, device);
+      impl->set_value(convert_value(v, to_dtype(dst.scalar_type())));
+    } else {
+      at::Tensor host = download(value_of(self, self.device().index()));
+      dst.resize_(host.sizes());
+      dst.copy_(host);
+    }
+    return dst;
+  });
+}
+
+at::Tensor tpu_to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                       std::optional<at::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                       std::optional<at::MemoryFormat>) {
+  return translate_errors([&]() -> at::Tensor {
+    TORCH_CHECK(!layout || *layout == at::kStrided, "torchtpu: only strided tensors are supported on tpu");
+    at::ScalarType target = dtype.value_or(self.scalar_type());
+    if (!is_tpu(self)) {
+      // Host to device: PyTorch routes this here because the target device is tpu.
+      int index = device && device->has_index() ? device->index() : current_device();
+      check_device_index(index);
+      at::Tensor host = self.scalar_type() == target ? self : self.to(target);
+      return wrap_for_user(make_tensor(upload(host, index)));
+    }
+    int source = self.device().index();
+    if (device && device->type() != c10::DeviceType::PrivateUse1) {
+      at::Tensor host = download(value_of(self, source));
+      at::Tensor out = host.to(*device, target, non_blocking, /*copy=*/false);
+      if (pin_memory.value_or(false)) out = out.pin_memory();
+      return out;
+    }
+    int index = device && device->has_index() ? device->index() : source;
+    check_device_index(index);
+    ValuePtr v = value_of(self, source);
+    if (index != source) v = upload(download(v), index);
+    return make_tensor(convert_value(v, to_dtype(target)));
+  });
+}
+
+c10::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
+  return translate_errors([&] {
+    at::Tensor host = download(value_of(self, self.device().index()));
+    return host.item();
+  });
+}
+
+// Our own version of functionalization's _to_copy kernel: PyTorch's wraps the result only for
+// XLA and Lazy devices; a tpu result must be wrapped too or a raw inner tensor would escape.
+at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                                 std::optional<at::Layout> layout, std::optional<at::Device> device,
+                                 std::optional<bool> pin_memory, bool non_blocking,
+                                 std::optional<at::MemoryFormat> memory_format) {
+  at::Tensor inner = self;
+  if (at::functionalization::impl::isFunctionalTensor(self)) {
+    at::functionalization::impl::sync(self);
+    inner = at::functionalization::impl::from_functional_tensor(self);
+  }
+  at::Tensor out;
+  {
+    at::AutoDispatchSkipFunctionalize guard;
+    out = at::_to_copy(inner, dtype, layout, device, pin_memory, non_blocking, memory_format);
+  }
+  if (!c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Functionalize)) {
+    c10::DeviceType target = device ? device->type() : self.device().type();
+    if (target != c10::DeviceType::PrivateUse1 && target != c10::DeviceType::XLA &&
+        target != c10::DeviceType::Lazy)
+      return out;
+  }
+  return at::functionalization::impl::to_functional_tensor(out);
+}
+
+}  // namespace
+
+void register_kernels() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  // Registered here rather than with TORCH_LIBRARY_IMPL so that overriding PyTorch's
+  // Functionalize kernel for _to_copy happens once, with its expected warning silenced.
+  struct QuietHandler : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } quiet;
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  static torch::Library fallback(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_kernel>());
+  static torch::Library aten(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  aten.impl("empty.memory_format", TORCH_FN(tpu_empty));
+  aten.impl("empty_strided", TORCH_FN(tpu_empty_strided));
+  aten.impl("_copy_from", TORCH_FN(tpu_copy_from));
+  aten.impl("copy", TORCH_FN(tpu_copy));
+  aten.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));
+  aten.impl("_to_copy", TORCH_FN(tpu_to_copy));
+  aten.impl("_local_scalar_dense", TORCH_FN(tpu_local_scalar_dense));
+  // Ops with a lowering get the boxed kernel directly: a direct registration wins over
+  // PyTorch's composite kernels (which would call the out= variant through the fallback).
+  for (const std::string& full : lowered_ops()) {
+    if (full.rfind("aten::", 0) != 0) continue;
+    std::string name = full.substr(6);
+    auto dot = name.find('.');
+    std::string base = name.substr(0, dot), overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+    if (!c10::Dispatcher::singleton().findSchema({"aten::" + base, overload})) continue;  // not in this torch
+    aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_kernel>());
+  }
+  static torch::Library functionalize(torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
+  functionalize.impl("_to_copy", TORCH_FN(to_copy_functionalize));
+}
+
+}  // namespace torchtpu

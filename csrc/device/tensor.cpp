@@ -1,0 +1,206 @@
+// TpuTensorImpl and the conversions between at::Tensor and engine values.
+#include "device/tensor.h"
+
+#include <ATen/DLConvertor.h>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include "engine/engine.h"
+#include "lowering/registry.h"
+
+namespace torchtpu {
+
+namespace {
+
+c10::Storage empty_storage(const TensorType& type, c10::Device device) {
+  // No host-addressable memory: the data lives in the engine value.
+  return c10::Storage(c10::Storage::use_byte_size_t(), type.nbytes(), c10::DataPtr(nullptr, device),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+thread_local int g_current_device = 0;
+
+}  // namespace
+
+TpuTensorImpl::TpuTensorImpl(ValuePtr value, c10::Device device)
+    : c10::TensorImpl(empty_storage(value->type, device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                      caffe2::TypeMeta::fromScalarType(to_scalar_type(value->type.dtype))),
+      value_(std::move(value)) {
+  set_sizes_contiguous(value_->type.shape);
+}
+
+void TpuTensorImpl::set_value(ValuePtr value) {
+  if (value->type.dtype != value_->type.dtype)
+    throw std::logic_error("torchtpu: set_value changed a tensor's dtype");
+  bool reshaped = value->type.shape != value_->type.shape;
+  value_ = std::move(value);
+  if (reshaped) {
+    set_sizes_contiguous(value_->type.shape);
+    storage_ = empty_storage(value_->type, device());
+  }
+}
+
+c10::intrusive_ptr<c10::TensorImpl> TpuTensorImpl::shallow_copy_and_detach(
+    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<TpuTensorImpl>(value_, device());
+  copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> TpuTensorImpl::shallow_copy_and_detach(
+    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<TpuTensorImpl>(value_, device());
+  copy_tensor_metadata(this, impl.get(), std::move(version_counter), allow_tensor_metadata_change);
+  return impl;
+}
+
+void TpuTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
+  auto* other = dynamic_cast<TpuTensorImpl*>(impl.get());
+  TORCH_CHECK(other, "torchtpu: cannot copy a non-tpu tensor into a tpu tensor's metadata");
+  copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
+  value_ = other->value_;
+}
+
+DType to_dtype(c10::ScalarType type) {
+  int code = static_cast<int>(type);
+  TORCH_CHECK_TYPE(is_supported_dtype(code), "torchtpu: dtype ", type,
+                   " is not supported on tpu; supported dtypes are float32, bfloat16, float16, float64, int64, "
+                   "int32, int16, int8, uint8 and bool");
+  return static_cast<DType>(code);
+}
+
+TensorType tensor_type_of(const at::Tensor& t) {
+  return TensorType{t.sizes().vec(), to_dtype(t.scalar_type())};
+}
+
+bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
+
+at::Tensor unwrap(const at::Tensor& t) {
+  if (at::functionalization::impl::isFunctionalTensor(t)) {
+    at::functionalization::impl::sync(t);
+    return at::functionalization::impl::from_functional_tensor(t);
+  }
+  return t;
+}
+
+ValuePtr value_of(const at::Tensor& t, int device) {
+  if (!is_tpu(t)) return upload(t, device);
+  at::Tensor inner = unwrap(t);
+  auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
+  TORCH_CHECK(impl, "torchtpu: found a tpu tensor without device data");
+  return impl->value();
+}
+
+at::Tensor make_tensor(ValuePtr value) {
+  c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(value->device));
+  return at::Tensor(c10::make_intrusive<TpuTensorImpl>(std::move(value), device));
+}
+
+at::Tensor wrap_for_user(const at::Tensor& raw) {
+  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Functionalize)) return raw;
+  return at::functionalization::impl::to_functional_tensor(raw);
+}
+
+namespace {
+
+// Keeps a CPU tensor alive for as long as the runtime reads it through DLPack.
+struct HostHolder {
+  at::Tensor tensor;
+  DLManagedTensor managed;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+};
+
+}  // namespace
+
+ValuePtr upload(const at::Tensor& cpu_in, int device) {
+  TORCH_CHECK(cpu_in.device().is_cpu(), "torchtpu: cannot copy a ", cpu_in.device(), " tensor to tpu directly; move it to cpu first");
+  TensorType type = tensor_type_of(cpu_in);
+  // A private contiguous copy: the device buffer may alias it (zero-copy on CPU), so later
+  // writes to the user's CPU tensor must not show through.
+  at::Tensor cpu = cpu_in.is_conj() || cpu_in.is_neg() ? cpu_in.resolve_conj().resolve_neg() : cpu_in;
+  at::Tensor copy = at::empty(cpu.sizes(), cpu.options().memory_format(c10::MemoryFormat::Contiguous));
+  copy.copy_(cpu);
+  auto* holder = new HostHolder{copy, {}, type.shape, copy.strides().vec()};
+  DLManagedTensor& m = holder->managed;
+  m.manager_ctx = holder;
+  m.deleter = [](DLManagedTensor* self) { delete static_cast<HostHolder*>(self->manager_ctx); };
+  m.dl_tensor.data = copy.numel() ? copy.data_ptr() : nullptr;
+  m.dl_tensor.device = DLDevice{kDLCPU, 0};
+  m.dl_tensor.ndim = static_cast<int32_t>(type.shape.size());
+  m.dl_tensor.dtype = at::getDLDataType(copy);
+  m.dl_tensor.shape = holder->shape.data();
+  m.dl_tensor.strides = holder->strides.data();
+  m.dl_tensor.byte_offset = 0;
+  if (type.numel() == 0) {
+    // Zero-size tensors carry no data; hand the runtime a valid pointer anyway.
+    static int64_t dummy[8];
+    m.dl_tensor.data = dummy;
+  }
+  Engine::get().metrics().bytes_to_device += type.nbytes();
+  return Engine::get().from_buffer(runtime().upload(&m, type, device));
+}
+
+at::Tensor download(const ValuePtr& value) {
+  BufferPtr buffer = Engine::get().materialize(value);
+  DLManagedTensor* managed = runtime().download(*buffer);
+  at::Tensor host = at::fromDLPack(managed);
+  at::ScalarType want = to_scalar_type(value->type.dtype);
+  if (host.scalar_type() != want) host = host.view(want);
+  at::Tensor out = at::empty(value->type.shape, at::TensorOptions().dtype(want));
+  if (out.numel()) out.copy_(host.reshape(value->type.shape));
+  Engine::get().metrics().bytes_to_host += value->type.nbytes();
+  return out;
+}
+
+namespace {
+const LoweringRule* internal_rule(const char* name) {
+  const LoweringRule* rule = find_lowering(name);
+  TORCH_INTERNAL_ASSERT(rule, "torchtpu: missing internal lowering ", name);
+  return rule;
+}
+}  // namespace
+
+ValuePtr convert_value(const ValuePtr& value, DType dtype) {
+  if (value->type.dtype == dtype) return value;
+  static const LoweringRule* rule = internal_rule("torchtpu::convert");
+  TensorType out{value->type.shape, dtype};
+  return Engine::get().record(rule, {Arg::tensor(0), Arg::integer(static_cast<int>(dtype))}, {value}, {out},
+                              value->device)[0];
+}
+
+ValuePtr broadcast_value(const ValuePtr& value, const std::vector<int64_t>& shape) {
+  if (value->type.shape == shape) return value;
+  static const LoweringRule* rule = internal_rule("torchtpu::broadcast");
+  Arg sizes;
+  sizes.kind = Arg::Kind::IntList;
+  sizes.ints = shape;
+  TensorType out{shape, value->type.dtype};
+  return Engine::get().record(rule, {Arg::tensor(0), sizes}, {value}, {out}, value->device)[0];
+}
+
+ValuePtr zeros_value(const TensorType& type, int device) {
+  static const LoweringRule* rule = internal_rule("torchtpu::zeros");
+  return Engine::get().record(rule, {}, {}, {type}, device)[0];
+}
+
+int current_device() { return g_current_device; }
+
+int device_count() { return runtime_initialized() ? runtime().device_count() : 1; }
+
+void check_device_index(int64_t index) {
+  int count = device_count();
+  if (index < 0 || index >= count) {
+    TORCH_CHECK(false, "tpu error: invalid device ordinal ", index, " (torchtpu sees ", count,
+                " device", count == 1 ? "" : "s", " on platform ", runtime_initialized() ? runtime().platform() : "?",
+                "; on cpu, set TORCHTPU_NUM_DEVICES=N before importing torch for more)");
+  }
+}
+
+void set_current_device(int index) {
+  check_device_index(index);
+  g_current_device = index;
+}
+
+}  // namespace torchtpu

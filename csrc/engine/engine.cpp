@@ -1,0 +1,454 @@
+// Engine: pending graph, flush policy, graph building, executable caches, metrics.
+#include "engine/engine.h"
+
+#include <Python.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "engine/disk_cache.h"
+#include "lowering/registry.h"
+#include "stablehlo/builder.h"
+
+namespace torchtpu {
+
+const char* mode_name(Mode mode) {
+  switch (mode) {
+    case Mode::Debug: return "debug";
+    case Mode::Strict: return "strict";
+    case Mode::Fused: return "fused";
+  }
+  return "?";
+}
+
+Mode parse_mode(const std::string& name) {
+  if (name == "debug") return Mode::Debug;
+  if (name == "strict") return Mode::Strict;
+  if (name == "fused") return Mode::Fused;
+  throw std::invalid_argument("torchtpu: unknown mode '" + name + "'; choose debug, strict or fused");
+}
+
+EngineLock::EngineLock() : mutex_(Engine::get().mutex()) {
+  if (mutex_.try_lock()) return;
+  // Another thread holds the engine and may need the GIL to finish: wait without it.
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* state = PyEval_SaveThread();
+    mutex_.lock();
+    PyEval_RestoreThread(state);
+  } else {
+    mutex_.lock();
+  }
+}
+
+EngineLock::~EngineLock() { mutex_.unlock(); }
+
+Engine& Engine::get() {
+  static Engine* engine = new Engine();  // never destroyed: buffers may outlive static teardown
+  return *engine;
+}
+
+// A graph ready to compile and run: its nodes in topological order, the buffers it reads
+// (parameters), the values it produces (roots) and its structural hash.
+struct Engine::Graph {
+  int device = 0;
+  std::vector<Node*> nodes;
+  std::unordered_map<const Node*, int> node_index;
+  std::vector<ValuePtr> params;
+  std::unordered_map<const Value*, int> param_index;
+  std::vector<ValuePtr> roots;
+  std::vector<int> aliasing;  // per parameter: the root it donates its buffer to, or -1
+  std::vector<double> float_scalars;
+  std::vector<int64_t> int_scalars;
+  std::vector<std::vector<int>> lifted_slots;
+  uint64_t hash = 0;
+  std::string origin;
+};
+
+namespace {
+
+// Orders the pending nodes reachable from the roots (operands first), without recursion.
+void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots);
+
+}  // namespace
+
+void Engine::set_mode(Mode mode) {
+  EngineLock lock;
+  if (mode != mode_.load()) {
+    for (int d = 0; d < (runtime_initialized() ? runtime().device_count() : 0); ++d) flush_locked(d);
+  }
+  mode_.store(mode);
+}
+
+void Engine::set_cache_dir(const std::string& dir) {
+  EngineLock lock;
+  cache_dir_ = dir;
+}
+
+void Engine::clear_memory_cache() {
+  EngineLock lock;
+  memory_cache_.clear();
+  last_signature_by_origin_.clear();
+}
+
+void Engine::reset_metrics() {
+  EngineLock lock;
+  metrics_.ops_traced = 0;
+  metrics_.graphs_compiled = 0;
+  metrics_.cache_hits_memory = 0;
+  metrics_.cache_hits_disk = 0;
+  metrics_.execute_count = 0;
+  metrics_.bytes_to_device = 0;
+  metrics_.bytes_to_host = 0;
+  metrics_.recompilations = 0;
+  metrics_.donated_buffers = 0;
+  metrics_.compile_seconds = 0;
+  metrics_.fallback_ops.clear();
+  metrics_.recompilation_log.clear();
+}
+
+void Engine::record_fallback(const std::string& op) {
+  EngineLock lock;
+  metrics_.fallback_ops[op] += 1;
+}
+
+ValuePtr Engine::from_buffer(BufferPtr buffer) {
+  auto value = std::make_shared<Value>();
+  value->type = buffer->type;
+  value->device = buffer->device;
+  value->buffer = std::move(buffer);
+  return value;
+}
+
+std::vector<ValuePtr> Engine::record(const LoweringRule* rule, std::vector<Arg> args, std::vector<ValuePtr> operands,
+                                     std::vector<TensorType> outputs, int device) {
+  EngineLock lock;
+  metrics_.ops_traced++;
+  Mode mode = mode_.load();
+  if (mode != Mode::Fused) {
+    for (const ValuePtr& v : operands)
+      if (v->pending()) flush_locked(v->device);
+  }
+  auto node = std::make_shared<Node>();
+  node->rule = rule;
+  node->args = std::move(args);
+  node->outputs = std::move(outputs);
+  node->device = device;
+  node->operands = std::move(operands);
+  for (const ValuePtr& v : node->operands) {
+    if (v->device != device)
+      throw std::invalid_argument("torchtpu: " + rule->op + " got tensors on tpu:" + std::to_string(v->device) +
+                                  " and tpu:" + std::to_string(device) +
+                                  "; move them to one device first (tensor.to(\"tpu:N\"))");
+    v->node_uses.fetch_add(1);
+  }
+  node->hash = hash_node(*node);
+  std::vector<ValuePtr> results;
+  results.reserve(node->outputs.size());
+  for (size_t i = 0; i < node->outputs.size(); ++i) {
+    auto value = std::make_shared<Value>();
+    value->type = node->outputs[i];
+    value->device = device;
+    value->node = node;
+    value->output_index = static_cast<int>(i);
+    results.push_back(std::move(value));
+  }
+  if (mode == Mode::Fused) {
+    if (pending_ops_ == 0 && hooks_.python_origin) pending_origin_ = hooks_.python_origin();
+    for (const ValuePtr& v : results) pending_.push_back(v);
+    if (++pending_ops_ >= max_pending_ops_) flush_locked(device);
+    return results;
+  }
+  Graph graph;
+  graph.device = device;
+  graph.roots = results;
+  collect_nodes(&graph, graph.roots);
+  run_graph(graph);
+  if (mode == Mode::Debug)
+    for (const ValuePtr& v : results) runtime().wait(*v->buffer);
+  return results;
+}
+
+BufferPtr Engine::materialize(const ValuePtr& value) {
+  EngineLock lock;
+  if (value->pending()) flush_locked(value->device);
+  if (!value->buffer) throw std::logic_error("torchtpu: a tensor was not computed by its graph");
+  return value->buffer;
+}
+
+void Engine::sync(bool wait) {
+  EngineLock lock;
+  if (!runtime_initialized()) return;
+  for (int d = 0; d < runtime().device_count(); ++d) flush_locked(d);
+  if (wait) {
+    for (const BufferPtr& b : last_results_) runtime().wait(*b);
+    last_results_.clear();
+  }
+}
+
+void Engine::flush_locked(int device) {
+  if (pending_.empty()) return;
+  Graph graph;
+  graph.device = device;
+  graph.origin = pending_origin_;
+  std::vector<std::weak_ptr<Value>> keep;
+  for (auto& weak : pending_) {
+    ValuePtr v = weak.lock();
+    if (!v || !v->pending()) continue;
+    if (v->device != device) {
+      keep.push_back(weak);
+      continue;
+    }
+    // Held by something besides pending nodes (a tensor, autograd): the user can see it.
+    if (v.use_count() - 1 > v->node_uses.load()) graph.roots.push_back(v);
+  }
+  pending_.swap(keep);
+  if (pending_.empty()) pending_ops_ = 0;
+  if (graph.roots.empty()) return;
+  collect_nodes(&graph, graph.roots);
+  run_graph(graph);
+}
+
+namespace {
+
+void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
+  std::vector<std::pair<Node*, size_t>> stack;
+  std::unordered_set<const Node*> visiting;
+  for (const ValuePtr& root : roots) {
+    Node* start = root->node.get();
+    if (g->node_index.count(start) || visiting.count(start)) continue;
+    stack.emplace_back(start, 0);
+    visiting.insert(start);
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->operands.size()) {
+        const ValuePtr& operand = node->operands[next++];
+        if (operand->pending()) {
+          Node* child = operand->node.get();
+          if (!g->node_index.count(child) && !visiting.count(child)) {
+            visiting.insert(child);
+            stack.emplace_back(child, 0);
+          }
+        } else if (!g->param_index.count(operand.get())) {
+          g->param_index[operand.get()] = static_cast<int>(g->params.size());
+          g->params.push_back(operand);
+        }
+        continue;
+      }
+      g->node_index[node] = static_cast<int>(g->nodes.size());
+      g->nodes.push_back(node);
+      stack.pop_back();
+    }
+  }
+}
+
+}  // namespace
+
+void Engine::run_graph(Graph& g) {
+  // Donation: a parameter nothing else holds gives its buffer to a root of the same type.
+  g.aliasing.assign(g.params.size(), -1);
+  std::vector<bool> root_taken(g.roots.size(), false);
+  for (size_t p = 0; p < g.params.size(); ++p) {
+    const ValuePtr& param = g.params[p];
+    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer.use_count() == 1;
+    if (!unheld || param->type.numel() == 0) continue;
+    for (size_t r = 0; r < g.roots.size(); ++r) {
+      if (!root_taken[r] && g.roots[r]->type == param->type) {
+        root_taken[r] = true;
+        g.aliasing[p] = static_cast<int>(r);
+        break;
+      }
+    }
+  }
+  // Lifted scalars, in node order.
+  g.lifted_slots.resize(g.nodes.size());
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const Node* node = g.nodes[n];
+    auto& slots = g.lifted_slots[n];
+    slots.assign(node->args.size(), -1);
+    for (size_t a = 0; a < node->args.size(); ++a) {
+      const Arg& arg = node->args[a];
+      if (!arg.lifted) continue;
+      switch (arg.kind) {
+        case Arg::Kind::Double: slots[a] = static_cast<int>(g.float_scalars.size()); g.float_scalars.push_back(arg.d); break;
+        case Arg::Kind::DoubleList:
+          slots[a] = static_cast<int>(g.float_scalars.size());
+          g.float_scalars.insert(g.float_scalars.end(), arg.doubles.begin(), arg.doubles.end());
+          break;
+        case Arg::Kind::IntList: case Arg::Kind::BoolList:
+          slots[a] = static_cast<int>(g.int_scalars.size());
+          g.int_scalars.insert(g.int_scalars.end(), arg.ints.begin(), arg.ints.end());
+          break;
+        default: slots[a] = static_cast<int>(g.int_scalars.size()); g.int_scalars.push_back(arg.i); break;
+      }
+    }
+  }
+  // Structural hash: node hashes, wiring, roots, parameter types and donation.
+  uint64_t h = hash_mix(0x7A3F, static_cast<uint64_t>(g.device));
+  for (const Node* node : g.nodes) {
+    h = hash_mix(h, node->hash);
+    for (const ValuePtr& v : node->operands) {
+      if (v->pending()) h = hash_mix(hash_mix(h, g.node_index.at(v->node.get()) * 2 + 1), v->output_index);
+      else h = hash_mix(h, g.param_index.at(v.get()) * 2);
+    }
+  }
+  for (const ValuePtr& r : g.roots) h = hash_mix(hash_mix(h, g.node_index.at(r->node.get())), r->output_index);
+  for (size_t p = 0; p < g.params.size(); ++p) h = hash_mix(hash_type(h, g.params[p]->type), g.aliasing[p] + 2);
+  h = hash_mix(hash_mix(h, g.float_scalars.size()), g.int_scalars.size());
+  g.hash = h;
+
+  ExecutablePtr exe;
+  auto cached = memory_cache_.find(h);
+  if (cached != memory_cache_.end()) {
+    metrics_.cache_hits_memory++;
+    exe = cached->second.executable;
+  } else {
+    exe = compile_graph(g);
+    memory_cache_[h] = CachedGraph{exe};
+  }
+
+  Runtime& rt = runtime();
+  std::vector<BufferPtr> args;
+  args.reserve(g.params.size() + 2);
+  for (const ValuePtr& p : g.params) args.push_back(p->buffer);
+  bool f32_scalars = rt.platform() == "tpu";
+  if (!g.float_scalars.empty()) {
+    TensorType t{{static_cast<int64_t>(g.float_scalars.size())}, f32_scalars ? DType::Float32 : DType::Float64};
+    if (f32_scalars) {
+      std::vector<float> narrow(g.float_scalars.begin(), g.float_scalars.end());
+      args.push_back(rt.upload_bytes(narrow.data(), t, g.device));
+    } else {
+      args.push_back(rt.upload_bytes(g.float_scalars.data(), t, g.device));
+    }
+  }
+  if (!g.int_scalars.empty()) {
+    TensorType t{{static_cast<int64_t>(g.int_scalars.size())}, DType::Int64};
+    args.push_back(rt.upload_bytes(g.int_scalars.data(), t, g.device));
+  }
+  std::vector<TensorType> result_types;
+  for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
+  std::vector<BufferPtr> results = rt.execute(*exe, args, result_types, g.device);
+  metrics_.execute_count++;
+  for (size_t p = 0; p < g.params.size(); ++p) {
+    if (g.aliasing[p] >= 0) {
+      metrics_.donated_buffers++;
+      g.params[p]->buffer.reset();  // the executable consumed it
+    }
+  }
+  last_results_.clear();
+  for (size_t r = 0; r < g.roots.size(); ++r) {
+    g.roots[r]->buffer = results[r];
+    g.roots[r]->node.reset();
+    last_results_.push_back(results[r]);
+  }
+}
+
+ExecutablePtr Engine::compile_graph(Graph& g) {
+  Runtime& rt = runtime();
+  bool f32_scalars = rt.platform() == "tpu";
+  LoweringContext ctx(f32_scalars);
+  std::string signature_params;
+  std::string header = "  func.func public @main(";
+  bool first = true;
+  std::vector<V> param_values;
+  for (size_t p = 0; p < g.params.size(); ++p) {
+    V v = ctx.parameter("%arg" + std::to_string(p), g.params[p]->type);
+    header += std::string(first ? "" : ", ") + v.name + ": " + v.type.mlir();
+    if (g.aliasing[p] >= 0) header += " {tf.aliasing_output = " + std::to_string(g.aliasing[p]) + " : i32}";
+    first = false;
+    param_values.push_back(v);
+  }
+  V float_pack, int_pack;
+  if (!g.float_scalars.empty()) {
+    float_pack = ctx.parameter("%scalars_f", TensorType{{static_cast<int64_t>(g.float_scalars.size())},
+                                                      f32_scalars ? DType::Float32 : DType::Float64});
+    header += std::string(first ? "" : ", ") + float_pack.name + ": " + float_pack.type.mlir();
+    first = false;
+  }
+  if (!g.int_scalars.empty()) {
+    int_pack = ctx.parameter("%scalars_i", TensorType{{static_cast<int64_t>(g.int_scalars.size())}, DType::Int64});
+    header += std::string(first ? "" : ", ") + int_pack.name + ": " + int_pack.type.mlir();
+  }
+  ctx.set_scalar_packs(float_pack, int_pack);
+
+  std::vector<std::vector<V>> node_results(g.nodes.size());
+  std::vector<std::string> signature;
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const Node* node = g.nodes[n];
+    std::vector<V> operands;
+    std::string sig = node->rule->op + "(";
+    for (const ValuePtr& v : node->operands) {
+      if (v->pending()) operands.push_back(node_results[g.node_index.at(v->node.get())][v->output_index]);
+      else operands.push_back(param_values[g.param_index.at(v.get())]);
+      sig += v->type.str() + " ";
+    }
+    signature.push_back(sig + ")");
+    ctx.begin_node(*node, std::move(operands), g.lifted_slots[n]);
+    node->rule->lower(ctx, *node);
+    node_results[n] = ctx.finish_node(*node);
+  }
+  std::string ret_values, ret_types;
+  for (size_t r = 0; r < g.roots.size(); ++r) {
+    const ValuePtr& root = g.roots[r];
+    const V& v = node_results[g.node_index.at(root->node.get())][root->output_index];
+    ret_values += (r ? ", " : "") + v.name;
+    ret_types += (r ? ", " : "") + v.type.mlir();
+  }
+  std::string text = "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n" +
+                     header + ") -> (" + ret_types + ") {\n" + ctx.body() + "    \"func.return\"(" + ret_values +
+                     ") : (" + ret_types + ") -> ()\n  }\n}\n";
+
+  if (!dump_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dump_dir_, ec);
+    char name[64];
+    std::snprintf(name, sizeof(name), "/graph_%016llx.mlir", static_cast<unsigned long long>(g.hash));
+    std::ofstream(dump_dir_ + name) << text;
+  }
+
+  std::string key;
+  if (!cache_dir_.empty()) {
+    key = disk_cache_key(text, rt.version());
+    if (auto bytes = disk_cache_load(cache_dir_, key, hooks_.warn)) {
+      try {
+        ExecutablePtr exe = rt.deserialize(*bytes, g.device);
+        metrics_.cache_hits_disk++;
+        return exe;
+      } catch (const std::exception& e) {
+        if (hooks_.warn)
+          hooks_.warn(std::string("torchtpu: could not load a cached executable (") + e.what() +
+                      "); recompiling it");
+        disk_cache_remove(cache_dir_, key);
+      }
+    }
+  }
+  if (g.origin.empty() && hooks_.python_origin) g.origin = hooks_.python_origin();
+  auto start = std::chrono::steady_clock::now();
+  ExecutablePtr exe = rt.compile(text, g.device);
+  metrics_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  metrics_.graphs_compiled++;
+  // Recompilation bookkeeping: a graph started at a line that compiled a different graph before.
+  // Keyed by the line and the graph's first op, so that strict mode (one op per graph) only
+  // reports an op compiled again for new shapes, not each different op on one line.
+  auto& previous = last_signature_by_origin_[g.origin + "|" + (g.nodes.empty() ? "" : g.nodes[0]->rule->op)];
+  if (!previous.empty() && !g.origin.empty()) {
+    std::string reason;
+    size_t n = std::min(previous.size(), signature.size());
+    for (size_t i = 0; i < n && reason.empty(); ++i)
+      if (previous[i] != signature[i])
+        reason = "op #" + std::to_string(i) + " is " + signature[i] + ", was " + previous[i];
+    if (reason.empty() && previous.size() == signature.size())
+      reason = "same ops and shapes; buffer donation or scalar arguments differ";
+    if (reason.empty())
+      reason = "graph has " + std::to_string(signature.size()) + " ops, was " + std::to_string(previous.size());
+    metrics_.recompilations++;
+    metrics_.recompilation_log.push_back(Recompilation{g.origin, reason});
+  }
+  previous = std::move(signature);
+  if (!key.empty()) disk_cache_store(cache_dir_, key, rt.serialize(*exe), hooks_.warn);
+  return exe;
+}
+
+}  // namespace torchtpu

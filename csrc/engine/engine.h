@@ -1,0 +1,114 @@
+// The engine: records aten ops as graph nodes, decides when to compile and run them
+// (debug / strict / fused), and caches compiled executables in memory and on disk.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace torchtpu {
+
+enum class Mode { Debug, Strict, Fused };
+const char* mode_name(Mode mode);
+Mode parse_mode(const std::string& name);  // throws std::invalid_argument
+
+struct Recompilation {
+  std::string origin;  // user's Python line that started the graph
+  std::string reason;  // what differs from the graph compiled before at that line
+};
+
+struct Metrics {
+  std::atomic<int64_t> ops_traced{0};
+  std::atomic<int64_t> graphs_compiled{0};
+  std::atomic<int64_t> cache_hits_memory{0};
+  std::atomic<int64_t> cache_hits_disk{0};
+  std::atomic<int64_t> execute_count{0};
+  std::atomic<int64_t> bytes_to_device{0};
+  std::atomic<int64_t> bytes_to_host{0};
+  std::atomic<int64_t> recompilations{0};
+  std::atomic<int64_t> donated_buffers{0};
+  double compile_seconds = 0.0;
+  std::map<std::string, int64_t> fallback_ops;
+  std::vector<Recompilation> recompilation_log;
+};
+
+// Hooks into the Python layer, installed by the extension module.
+struct Hooks {
+  std::function<std::string()> python_origin;       // "file.py:12 in train_step"
+  std::function<void(const std::string&)> warn;      // issues a Python warning
+};
+
+class Engine {
+ public:
+  static Engine& get();
+
+  Mode mode() const { return mode_.load(); }
+  void set_mode(Mode mode);
+
+  // Records an op on device tensors and returns its outputs: computed now in debug/strict
+  // mode, pending (computed at the next flush) in fused mode.
+  std::vector<ValuePtr> record(const LoweringRule* rule, std::vector<Arg> args, std::vector<ValuePtr> operands,
+                               std::vector<TensorType> outputs, int device);
+  ValuePtr from_buffer(BufferPtr buffer);
+  // The buffer of a value, running pending work first (an observation point).
+  BufferPtr materialize(const ValuePtr& value);
+  // Runs all pending work; with wait, also waits until the device has finished it.
+  void sync(bool wait);
+  int64_t pending_ops() const { return pending_ops_; }
+
+  Metrics& metrics() { return metrics_; }
+  void reset_metrics();
+  void record_fallback(const std::string& op);
+  Hooks& hooks() { return hooks_; }
+
+  void set_cache_dir(const std::string& dir);  // "" disables the disk cache
+  const std::string& cache_dir() const { return cache_dir_; }
+  void set_dump_dir(const std::string& dir) { dump_dir_ = dir; }
+  void set_max_pending_ops(int64_t n) { max_pending_ops_ = n; }
+  void clear_memory_cache();
+
+  std::recursive_mutex& mutex() { return mutex_; }
+
+  struct Graph;  // defined in engine.cpp
+
+ private:
+  struct CachedGraph {
+    ExecutablePtr executable;
+  };
+
+  void flush_locked(int device);
+  void run_graph(Graph& graph);
+  ExecutablePtr compile_graph(Graph& graph);
+  void note_compilation(const Graph& graph);
+
+  std::atomic<Mode> mode_{Mode::Fused};
+  std::recursive_mutex mutex_;
+  std::vector<std::weak_ptr<Value>> pending_;
+  int64_t pending_ops_ = 0;
+  std::string pending_origin_;
+  int64_t max_pending_ops_ = 10000;
+  std::unordered_map<uint64_t, CachedGraph> memory_cache_;
+  std::map<std::string, std::vector<std::string>> last_signature_by_origin_;
+  std::vector<BufferPtr> last_results_;
+  std::string cache_dir_;
+  std::string dump_dir_;
+  Metrics metrics_;
+  Hooks hooks_;
+};
+
+// Holds the engine lock; waits for it without holding the GIL (see engine.cpp).
+class EngineLock {
+ public:
+  EngineLock();
+  ~EngineLock();
+ private:
+  std::recursive_mutex& mutex_;
+};
+
+}  // namespace torchtpu

@@ -1,0 +1,50 @@
+// Structural hash of a node: op, static arguments, operand and output types.
+#include "ir/graph.h"
+
+#include <cstring>
+
+#include "lowering/registry.h"
+
+namespace torchtpu {
+
+Node::~Node() {
+  for (const ValuePtr& v : operands) v->node_uses.fetch_sub(1);
+}
+
+uint64_t hash_node(const Node& node) {
+  uint64_t h = hash_string(0x51ED270B27E0C1A5ull, node.rule->op);
+  for (const Arg& a : node.args) {
+    h = hash_mix(h, static_cast<uint64_t>(a.kind) * 2 + a.lifted);
+    if (a.lifted) {
+      h = hash_mix(h, a.ints.size() + a.doubles.size());  // list length is structural
+      continue;
+    }
+    switch (a.kind) {
+      case Arg::Kind::Int: case Arg::Kind::Bool: h = hash_mix(h, static_cast<uint64_t>(a.i)); break;
+      case Arg::Kind::Double: {
+        uint64_t bits;
+        std::memcpy(&bits, &a.d, sizeof(bits));
+        h = hash_mix(h, bits);
+        break;
+      }
+      case Arg::Kind::IntList: case Arg::Kind::BoolList:
+        h = hash_mix(h, a.ints.size());
+        for (int64_t v : a.ints) h = hash_mix(h, static_cast<uint64_t>(v));
+        break;
+      case Arg::Kind::DoubleList:
+        h = hash_bytes(h, a.doubles.data(), a.doubles.size() * sizeof(double));
+        break;
+      case Arg::Kind::String: h = hash_string(h, a.s); break;
+      case Arg::Kind::Tensor: case Arg::Kind::TensorList:
+        h = hash_mix(h, a.operands.size());
+        for (int index : a.operands) h = hash_mix(h, static_cast<uint64_t>(index + 7));
+        break;
+      case Arg::Kind::None: break;
+    }
+  }
+  for (const ValuePtr& v : node.operands) h = hash_type(h, v->type);
+  for (const TensorType& t : node.outputs) h = hash_type(h, t);
+  return h;
+}
+
+}  // namespace torchtpu

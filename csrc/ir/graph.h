@@ -1,0 +1,72 @@
+// Graph IR: a Value is a device tensor, either a buffer or an output of a pending Node.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/types.h"
+#include "runtime/runtime.h"
+
+namespace torchtpu {
+
+struct LoweringRule;
+struct Node;
+
+// One argument of an aten op, in schema order.
+struct Arg {
+  enum class Kind : uint8_t { None, Tensor, TensorList, Int, Double, Bool, IntList, DoubleList, BoolList, String };
+  Kind kind = Kind::None;
+  // A lifted scalar is fed to the compiled graph at run time instead of being baked into
+  // the module text, so a changing learning rate does not recompile.
+  bool lifted = false;
+  int64_t i = 0;
+  double d = 0.0;
+  std::vector<int64_t> ints;     // IntList, BoolList (0/1), Int lifted lists
+  std::vector<double> doubles;   // DoubleList
+  std::string s;
+  std::vector<int> operands;     // Tensor: one operand index; TensorList: indices, -1 for None
+
+  static Arg none() { return Arg{}; }
+  static Arg integer(int64_t v, bool lifted = false) { Arg a; a.kind = Kind::Int; a.i = v; a.lifted = lifted; return a; }
+  static Arg real(double v, bool lifted = false) { Arg a; a.kind = Kind::Double; a.d = v; a.lifted = lifted; return a; }
+  static Arg boolean(bool v, bool lifted = false) { Arg a; a.kind = Kind::Bool; a.i = v; a.lifted = lifted; return a; }
+  static Arg tensor(int operand) { Arg a; a.kind = Kind::Tensor; a.operands = {operand}; return a; }
+
+  bool is_none() const { return kind == Kind::None; }
+  double as_double() const { return kind == Kind::Double ? d : static_cast<double>(i); }
+  int64_t as_int() const { return kind == Kind::Double ? static_cast<int64_t>(d) : i; }
+  bool as_bool() const { return kind == Kind::Double ? d != 0.0 : i != 0; }
+};
+
+struct Value;
+using ValuePtr = std::shared_ptr<Value>;
+
+struct Node {
+  const LoweringRule* rule = nullptr;
+  std::vector<Arg> args;
+  std::vector<ValuePtr> operands;
+  std::vector<TensorType> outputs;
+  uint64_t hash = 0;   // op, static args, operand and output types; not operand identity
+  int device = 0;
+  ~Node();  // releases its operands' node_uses
+};
+using NodePtr = std::shared_ptr<Node>;
+
+struct Value {
+  TensorType type;
+  int device = 0;
+  BufferPtr buffer;     // set once computed
+  NodePtr node;         // set while pending
+  int output_index = 0;
+  // How many pending nodes use this value as an operand. A value held by nothing else is
+  // an intermediate: it is not a graph output and its buffer may be donated.
+  std::atomic<int> node_uses{0};
+
+  bool pending() const { return node != nullptr; }
+};
+
+uint64_t hash_node(const Node& node);
+
+}  // namespace torchtpu

@@ -1,0 +1,102 @@
+// Type promotion and operand helpers for lowerings.
+#include "lowering/common.h"
+
+#include <limits>
+#include <stdexcept>
+
+namespace torchtpu {
+namespace {
+int category(DType t) {
+  if (t == DType::Bool) return 0;
+  if (is_floating(t)) return 2;
+  return 1;
+}
+}  // namespace
+
+DType promote_types(DType a, DType b) {
+  if (a == b) return a;
+  int ca = category(a), cb = category(b);
+  if (ca != cb) return ca > cb ? a : b;
+  if (ca == 2) {
+    if ((a == DType::Float16 && b == DType::BFloat16) || (a == DType::BFloat16 && b == DType::Float16))
+      return DType::Float32;
+    return dtype_size(a) >= dtype_size(b) ? a : b;
+  }
+  // integers
+  if (a == DType::UInt8 || b == DType::UInt8) {
+    DType other = a == DType::UInt8 ? b : a;
+    if (other == DType::Int8) return DType::Int16;
+    return other;
+  }
+  return dtype_size(a) >= dtype_size(b) ? a : b;
+}
+
+DType result_type(const std::vector<V>& values) {
+  bool have_dim = false, have_zero_dim = false;
+  DType dim_type = DType::Bool, zero_type = DType::Bool;
+  for (const V& v : values) {
+    if (v.type.rank() > 0) {
+      dim_type = have_dim ? promote_types(dim_type, v.type.dtype) : v.type.dtype;
+      have_dim = true;
+    } else {
+      zero_type = have_zero_dim ? promote_types(zero_type, v.type.dtype) : v.type.dtype;
+      have_zero_dim = true;
+    }
+  }
+  if (!have_dim) return zero_type;
+  if (!have_zero_dim) return dim_type;
+  return category(zero_type) > category(dim_type) ? promote_types(dim_type, zero_type) : dim_type;
+}
+
+V to_type(LoweringContext& ctx, const V& x, DType dtype, const std::vector<int64_t>& shape) {
+  return ctx.broadcast_to(ctx.convert(x, dtype), shape);
+}
+
+V tensor_or_scalar(LoweringContext& ctx, const Node& node, int arg, DType dtype, const std::vector<int64_t>& shape) {
+  if (ctx.has_input(node, arg)) return to_type(ctx, ctx.input(node, arg), dtype, shape);
+  return ctx.broadcast_to(ctx.scalar(node, arg, dtype), shape);
+}
+
+int64_t wrap_dim(int64_t dim, int64_t rank) {
+  int64_t r = rank == 0 ? 1 : rank;
+  if (dim < -r || dim >= r) throw std::out_of_range("torchtpu: dimension out of range");
+  return dim < 0 ? dim + r : dim;
+}
+
+std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t rank) {
+  std::vector<int64_t> out;
+  for (int64_t d : dims) out.push_back(wrap_dim(d, rank));
+  return out;
+}
+
+V zero_like_scalar(LoweringContext& ctx, DType dtype) { return ctx.constant(0, dtype); }
+
+V lowest_scalar(LoweringContext& ctx, DType dtype) {
+  switch (dtype) {
+    case DType::Bool: return ctx.constant_int(0, dtype);
+    case DType::UInt8: return ctx.constant_int(0, dtype);
+    case DType::Int8: return ctx.constant_int(std::numeric_limits<int8_t>::min(), dtype);
+    case DType::Int16: return ctx.constant_int(std::numeric_limits<int16_t>::min(), dtype);
+    case DType::Int32: return ctx.constant_int(std::numeric_limits<int32_t>::min(), dtype);
+    case DType::Int64: return ctx.constant_int(std::numeric_limits<int64_t>::min(), dtype);
+    default: return ctx.constant(-std::numeric_limits<double>::infinity(), dtype);
+  }
+}
+
+V highest_scalar(LoweringContext& ctx, DType dtype) {
+  switch (dtype) {
+    case DType::Bool: return ctx.constant_int(1, dtype);
+    case DType::UInt8: return ctx.constant_int(255, dtype);
+    case DType::Int8: return ctx.constant_int(std::numeric_limits<int8_t>::max(), dtype);
+    case DType::Int16: return ctx.constant_int(std::numeric_limits<int16_t>::max(), dtype);
+    case DType::Int32: return ctx.constant_int(std::numeric_limits<int32_t>::max(), dtype);
+    case DType::Int64: return ctx.constant_int(std::numeric_limits<int64_t>::max(), dtype);
+    default: return ctx.constant(std::numeric_limits<double>::infinity(), dtype);
+  }
+}
+
+V sum_dims(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims) {
+  return ctx.reduce(x, dims, zero_like_scalar(ctx, x.type.dtype), "stablehlo.add");
+}
+
+}  // namespace torchtpu

@@ -1,0 +1,29 @@
+// Helpers shared by the lowering families: type promotion and operand preparation.
+#pragma once
+
+#include "ir/graph.h"
+#include "lowering/registry.h"
+#include "stablehlo/builder.h"
+
+namespace torchtpu {
+
+// PyTorch's promotion of two dtypes (bool < integers < floating).
+DType promote_types(DType a, DType b);
+// PyTorch's result_type over tensor operands: 0-d tensors only raise the category.
+DType result_type(const std::vector<V>& values);
+
+// Converts x to dtype and broadcasts it to shape.
+V to_type(LoweringContext& ctx, const V& x, DType dtype, const std::vector<int64_t>& shape);
+// A Tensor or Scalar argument as a value of `dtype` broadcast to `shape`.
+V tensor_or_scalar(LoweringContext& ctx, const Node& node, int arg, DType dtype, const std::vector<int64_t>& shape);
+// Normalizes a possibly negative dimension.
+int64_t wrap_dim(int64_t dim, int64_t rank);
+std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t rank);
+// Identity elements for reductions.
+V zero_like_scalar(LoweringContext& ctx, DType dtype);
+V lowest_scalar(LoweringContext& ctx, DType dtype);   // -inf or the smallest integer
+V highest_scalar(LoweringContext& ctx, DType dtype);  // +inf or the largest integer
+// Sum over dims (in the accumulation dtype of the input) with optional keepdim reshape to out.
+V sum_dims(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims);
+
+}  // namespace torchtpu

@@ -1,0 +1,195 @@
+// Elementwise lowerings: unary math, binary arithmetic, comparisons, logical ops, where.
+// Each family is one function; the rule's `data` names the StableHLO op.
+#include <cmath>
+
+#include "lowering/common.h"
+
+namespace torchtpu {
+namespace {
+
+// out = op(convert(x, out dtype)). Used for float math (exp, tanh, ...) and neg/abs.
+void lower_unary(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.convert(ctx.input(node, 0), out.dtype);
+  ctx.set_result(ctx.emit(node.rule->data, {x}, out));
+}
+
+// Binary arithmetic computed in the result dtype: op(self, other) with Tensor or Scalar other.
+void lower_binary(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
+  V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
+  ctx.set_result(ctx.binary(node.rule->data, a, b));
+}
+
+// add/sub with alpha: self op alpha * other.
+void lower_add_sub(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
+  V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
+  if (node.args.size() > 2 && !node.args[2].is_none()) {
+    const Arg& alpha = node.args[2];
+    bool is_one = !alpha.lifted && alpha.as_double() == 1.0;
+    if (!is_one) b = ctx.binary("stablehlo.multiply", b, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
+  }
+  ctx.set_result(ctx.binary(node.rule->data, a, b));
+}
+
+// div with rounding_mode (None, "trunc", "floor").
+void lower_div(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  std::string mode;
+  if (node.args.size() > 2 && node.args[2].kind == Arg::Kind::String) mode = node.args[2].s;
+  if (is_floating(out.dtype)) {
+    V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
+    V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
+    V q = ctx.binary("stablehlo.divide", a, b);
+    if (mode == "trunc") {
+      V zero = ctx.constant(0, out.dtype, out.shape);
+      q = ctx.select(ctx.compare("LT", q, zero), ctx.unary("stablehlo.ceil", q), ctx.unary("stablehlo.floor", q));
+    } else if (mode == "floor") {
+      q = ctx.unary("stablehlo.floor", q);
+    }
+    ctx.set_result(q);
+    return;
+  }
+  // Integer division: stablehlo.divide truncates; floor mode adjusts when signs differ.
+  V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
+  V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
+  V q = ctx.binary("stablehlo.divide", a, b);
+  if (mode == "floor" && out.dtype != DType::UInt8) {
+    V r = ctx.binary("stablehlo.remainder", a, b);
+    V zero = ctx.constant(0, out.dtype, out.shape);
+    V nonzero = ctx.compare("NE", r, zero);
+    V signs_differ = ctx.compare("NE", ctx.compare("LT", r, zero), ctx.compare("LT", b, zero));
+    V adjust = ctx.emit("stablehlo.and", {nonzero, signs_differ}, nonzero.type);
+    q = ctx.select(adjust, ctx.binary("stablehlo.subtract", q, ctx.constant(1, out.dtype, out.shape)), q);
+  }
+  ctx.set_result(q);
+}
+
+// Comparisons: inputs promoted together, result bool.
+void lower_compare(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  std::vector<V> tensors;
+  for (int i = 0; i < 2; ++i)
+    if (ctx.has_input(node, i)) tensors.push_back(ctx.input(node, i));
+  DType compute = result_type(tensors);
+  if (!ctx.has_input(node, 1) && node.args[1].kind == Arg::Kind::Double && !is_floating(compute))
+    compute = DType::Float32;
+  V a = tensor_or_scalar(ctx, node, 0, compute, out.shape);
+  V b = tensor_or_scalar(ctx, node, 1, compute, out.shape);
+  ctx.set_result(ctx.compare(node.rule->data, a, b));
+}
+
+// logical_and/or/xor: operands as bools.
+void lower_logical(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = to_type(ctx, ctx.input(node, 0), DType::Bool, out.shape);
+  V b = to_type(ctx, ctx.input(node, 1), DType::Bool, out.shape);
+  ctx.set_result(ctx.convert(ctx.binary(node.rule->data, a, b), out.dtype));
+}
+
+void lower_logical_not(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = ctx.convert(ctx.input(node, 0), DType::Bool);
+  ctx.set_result(ctx.convert(ctx.unary("stablehlo.not", a), out.dtype));
+}
+
+// where(condition, self, other)
+void lower_where(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V c = to_type(ctx, ctx.input(node, 0), DType::Bool, out.shape);
+  V a = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
+  V b = tensor_or_scalar(ctx, node, 2, out.dtype, out.shape);
+  ctx.set_result(ctx.select(c, a, b));
+}
+
+void lower_relu(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  ctx.set_result(ctx.binary("stablehlo.maximum", x, ctx.constant(0, out.dtype, out.shape)));
+}
+
+void lower_sigmoid(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  ctx.set_result(ctx.unary("stablehlo.logistic", ctx.convert(ctx.input(node, 0), out.dtype)));
+}
+
+// threshold_backward(grad, self, threshold): grad where self > threshold else 0.
+void lower_threshold_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V grad = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
+  V self = ctx.input(node, 1);
+  V threshold = ctx.broadcast_to(ctx.scalar(node, 2, self.type.dtype), self.type.shape);
+  V keep = ctx.broadcast_to(ctx.compare("GT", self, threshold), out.shape);
+  ctx.set_result(ctx.select(keep, grad, ctx.constant(0, out.dtype, out.shape)));
+}
+
+// fill(self, value) / zero(self)
+void lower_fill(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  if (node.args.size() < 2) {
+    ctx.set_result(ctx.constant(0, out.dtype, out.shape));
+    return;
+  }
+  V value = ctx.has_input(node, 1) ? ctx.convert(ctx.input(node, 1), out.dtype) : ctx.scalar(node, 1, out.dtype);
+  ctx.set_result(ctx.broadcast_to(ctx.reshape(value, {}), out.shape));
+}
+
+// clone / alias_copy / lift_fresh_copy / detach_copy: the value itself.
+void lower_identity(LoweringContext& ctx, const Node& node) {
+  ctx.set_result(ctx.convert(ctx.input(node, 0), ctx.out(node).dtype));
+}
+
+LOWERING("aten::add.Tensor", lower_add_sub, "stablehlo.add");
+LOWERING("aten::add.Scalar", lower_add_sub, "stablehlo.add");
+LOWERING("aten::sub.Tensor", lower_add_sub, "stablehlo.subtract");
+LOWERING("aten::sub.Scalar", lower_add_sub, "stablehlo.subtract");
+LOWERING("aten::mul.Tensor", lower_binary, "stablehlo.multiply");
+LOWERING("aten::mul.Scalar", lower_binary, "stablehlo.multiply");
+LOWERING("aten::div.Tensor", lower_div);
+LOWERING("aten::div.Scalar", lower_div);
+LOWERING("aten::div.Tensor_mode", lower_div);
+LOWERING("aten::div.Scalar_mode", lower_div);
+LOWERING("aten::maximum", lower_binary, "stablehlo.maximum");
+LOWERING("aten::minimum", lower_binary, "stablehlo.minimum");
+
+LOWERING("aten::eq.Tensor", lower_compare, "EQ");
+LOWERING("aten::eq.Scalar", lower_compare, "EQ");
+LOWERING("aten::ne.Tensor", lower_compare, "NE");
+LOWERING("aten::ne.Scalar", lower_compare, "NE");
+LOWERING("aten::lt.Tensor", lower_compare, "LT");
+LOWERING("aten::lt.Scalar", lower_compare, "LT");
+LOWERING("aten::le.Tensor", lower_compare, "LE");
+LOWERING("aten::le.Scalar", lower_compare, "LE");
+LOWERING("aten::gt.Tensor", lower_compare, "GT");
+LOWERING("aten::gt.Scalar", lower_compare, "GT");
+LOWERING("aten::ge.Tensor", lower_compare, "GE");
+LOWERING("aten::ge.Scalar", lower_compare, "GE");
+
+LOWERING("aten::logical_and", lower_logical, "stablehlo.and");
+LOWERING("aten::logical_or", lower_logical, "stablehlo.or");
+LOWERING("aten::logical_xor", lower_logical, "stablehlo.xor");
+LOWERING("aten::logical_not", lower_logical_not);
+LOWERING("aten::where.self", lower_where);
+
+LOWERING("aten::neg", lower_unary, "stablehlo.negate");
+LOWERING("aten::exp", lower_unary, "stablehlo.exponential");
+LOWERING("aten::log", lower_unary, "stablehlo.log");
+LOWERING("aten::tanh", lower_unary, "stablehlo.tanh");
+LOWERING("aten::sqrt", lower_unary, "stablehlo.sqrt");
+LOWERING("aten::rsqrt", lower_unary, "stablehlo.rsqrt");
+LOWERING("aten::relu", lower_relu);
+LOWERING("aten::sigmoid", lower_sigmoid);
+LOWERING("aten::threshold_backward", lower_threshold_backward);
+LOWERING("aten::fill.Scalar", lower_fill);
+LOWERING("aten::fill.Tensor", lower_fill);
+LOWERING("aten::zero", lower_fill);
+LOWERING("aten::clone", lower_identity);
+LOWERING("aten::alias_copy", lower_identity);
+LOWERING("aten::lift_fresh_copy", lower_identity);
+LOWERING("aten::detach_copy", lower_identity);
+
+}  // namespace
+}  // namespace torchtpu

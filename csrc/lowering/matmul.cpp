@@ -1,0 +1,45 @@
+// Matrix products: mm, bmm, addmm, baddbmm.
+#include "lowering/common.h"
+
+namespace torchtpu {
+namespace {
+
+// mm(self, mat2) and bmm(self, mat2): contract the last dim of self with mat2's dim -2.
+void lower_matmul(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = ctx.convert(ctx.input(node, 0), out.dtype);
+  V b = ctx.convert(ctx.input(node, 1), out.dtype);
+  if (a.type.rank() == 3)
+    ctx.set_result(ctx.dot_general(a, b, {0}, {0}, {2}, {1}, out));
+  else
+    ctx.set_result(ctx.dot_general(a, b, {}, {}, {1}, {0}, out));
+}
+
+// addmm(self, mat1, mat2, beta, alpha) and baddbmm: beta * self + alpha * (mat1 @ mat2).
+void lower_addmm(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = ctx.convert(ctx.input(node, 1), out.dtype);
+  V b = ctx.convert(ctx.input(node, 2), out.dtype);
+  V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {0}, {0}, {2}, {1}, out)
+                                 : ctx.dot_general(a, b, {}, {}, {1}, {0}, out);
+  const Arg& beta = node.args[3];
+  const Arg& alpha = node.args[4];
+  if (alpha.lifted || alpha.as_double() != 1.0)
+    product = ctx.binary("stablehlo.multiply", product, ctx.broadcast_to(ctx.scalar(node, 4, out.dtype), out.shape));
+  if (!beta.lifted && beta.as_double() == 0.0) {
+    ctx.set_result(product);  // PyTorch ignores self (even NaN) when beta is 0
+    return;
+  }
+  V self = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
+  if (beta.lifted || beta.as_double() != 1.0)
+    self = ctx.binary("stablehlo.multiply", self, ctx.broadcast_to(ctx.scalar(node, 3, out.dtype), out.shape));
+  ctx.set_result(ctx.binary("stablehlo.add", self, product));
+}
+
+LOWERING("aten::mm", lower_matmul);
+LOWERING("aten::bmm", lower_matmul);
+LOWERING("aten::addmm", lower_addmm);
+LOWERING("aten::baddbmm", lower_addmm);
+
+}  // namespace
+}  // namespace torchtpu

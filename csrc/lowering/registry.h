@@ -1,0 +1,36 @@
+// The table of aten-op lowerings: op name ("aten::add.Tensor") -> emitter function.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace torchtpu {
+
+class LoweringContext;
+struct Node;
+
+using LowerFn = void (*)(LoweringContext& ctx, const Node& node);
+
+struct LoweringRule {
+  std::string op;
+  LowerFn lower = nullptr;
+  const char* data = nullptr;   // family parameter, e.g. the StableHLO op of an elementwise rule
+  bool static_scalars = false;  // Scalar arguments are compile-time constants (e.g. arange bounds)
+  bool random = false;          // consumes the generator: a seed and an offset are appended as args
+};
+
+const LoweringRule* find_lowering(const std::string& op);
+std::vector<std::string> lowered_ops();
+
+struct RegisterLowering {
+  RegisterLowering(const char* op, LowerFn fn, const char* data = nullptr, bool static_scalars = false,
+                   bool random = false);
+};
+
+#define TORCHTPU_CONCAT_INNER(a, b) a##b
+#define TORCHTPU_CONCAT(a, b) TORCHTPU_CONCAT_INNER(a, b)
+// Registers a lowering at load time: LOWERING("aten::exp", lower_unary, "stablehlo.exponential");
+#define LOWERING(...) \
+  static ::torchtpu::RegisterLowering TORCHTPU_CONCAT(lowering_registration_, __COUNTER__)(__VA_ARGS__)
+
+}  // namespace torchtpu

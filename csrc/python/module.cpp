@@ -1,0 +1,124 @@
+// The torchtpu._C extension module: initialisation and the engine's Python surface.
+#include <pybind11/pybind11.h>
+#include <frameobject.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "device/generator.h"
+#include "device/kernels.h"
+#include "device/tensor.h"
+#include "engine/engine.h"
+#include "lowering/registry.h"
+
+namespace py = pybind11;
+using namespace torchtpu;
+
+namespace {
+
+// "file.py:12 in fn" for the innermost frame outside torch and torchtpu, or "".
+std::string python_origin() {
+  if (!Py_IsInitialized()) return "";
+  py::gil_scoped_acquire gil;
+  PyFrameObject* frame = PyEval_GetFrame();
+  if (!frame) return "<no Python frame: autograd or another thread>";
+  Py_INCREF(frame);
+  std::string result;
+  while (frame) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    std::string file = PyUnicode_AsUTF8(code->co_filename);
+    bool internal = file.find("/torch/") != std::string::npos || file.find("/torchtpu/") != std::string::npos ||
+                    file.rfind("<frozen", 0) == 0;
+    if (!internal) {
+      result = file + ":" + std::to_string(PyFrame_GetLineNumber(frame)) + " in " + PyUnicode_AsUTF8(code->co_name);
+      Py_DECREF(code);
+      Py_DECREF(frame);
+      return result;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+  return "<torch internals>";
+}
+
+void python_warn(const std::string& message) {
+  if (!Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) PyErr_Clear();
+}
+
+py::dict counters() {
+  Metrics& m = Engine::get().metrics();
+  py::dict d;
+  d["ops_traced"] = m.ops_traced.load();
+  d["graphs_compiled"] = m.graphs_compiled.load();
+  d["cache_hits_memory"] = m.cache_hits_memory.load();
+  d["cache_hits_disk"] = m.cache_hits_disk.load();
+  d["compile_seconds"] = m.compile_seconds;
+  d["execute_count"] = m.execute_count.load();
+  d["bytes_to_device"] = m.bytes_to_device.load();
+  d["bytes_to_host"] = m.bytes_to_host.load();
+  d["recompilations"] = m.recompilations.load();
+  d["donated_buffers"] = m.donated_buffers.load();
+  py::dict fallbacks;
+  {
+    EngineLock lock;
+    for (auto& [op, count] : m.fallback_ops) fallbacks[py::str(op)] = count;
+  }
+  d["fallback_ops"] = fallbacks;
+  return d;
+}
+
+py::list recompilations() {
+  py::list out;
+  EngineLock lock;
+  for (auto& r : Engine::get().metrics().recompilation_log) out.append(py::make_tuple(r.origin, r.reason));
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchtpu core: device, engine, lowerings and runtime";
+  register_kernels();
+  register_hooks();
+  Engine::get().hooks().python_origin = python_origin;
+  Engine::get().hooks().warn = python_warn;
+
+  m.def("init", [](const std::string& platform, int cpu_devices) { init_runtime(platform, cpu_devices); },
+        py::arg("platform"), py::arg("cpu_devices") = 1);
+  m.def("initialized", &runtime_initialized);
+  m.def("platform", [] { return runtime().platform(); });
+  m.def("runtime_version", [] { return runtime().version(); });
+  m.def("device_count", [] { return device_count(); });
+  m.def("current_device", [] { return current_device(); });
+  m.def("set_device", [](int index) { set_current_device(index); });
+  m.def("set_mode", [](const std::string& mode) { Engine::get().set_mode(parse_mode(mode)); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("get_mode", [] { return std::string(mode_name(Engine::get().mode())); });
+  m.def("sync", [](bool wait) { Engine::get().sync(wait); }, py::arg("wait") = false,
+        py::call_guard<py::gil_scoped_release>());
+  m.def("pending_ops", [] { return Engine::get().pending_ops(); });
+  m.def("counters", &counters);
+  m.def("recompilations", &recompilations);
+  m.def("reset_metrics", [] { Engine::get().reset_metrics(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("set_cache_dir", [](const std::string& dir) { Engine::get().set_cache_dir(dir); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("cache_dir", [] { return Engine::get().cache_dir(); });
+  m.def("set_dump_dir", [](const std::string& dir) { Engine::get().set_dump_dir(dir); });
+  m.def("set_max_pending_ops", [](int64_t n) { Engine::get().set_max_pending_ops(n); });
+  m.def("clear_memory_cache", [] { Engine::get().clear_memory_cache(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("set_fallback_policy", &set_fallback_policy);
+  m.def("lowered_ops", &lowered_ops);
+  m.def("memory_allocated", [](int d) { return device_bytes_in_use(d); });
+  m.def("max_memory_allocated", [](int d) { return device_bytes_peak(d); });
+  m.def("reset_peak_memory", [](int d) { reset_device_bytes_peak(d); });
+  m.def("manual_seed", [](int d, uint64_t seed) {
+    at::Generator gen = default_generator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  });
+  m.def("initial_seed", [](int d) { return default_generator(d).current_seed(); });
+  m.def("default_generator", [](int d) { return default_generator(d); });
+}

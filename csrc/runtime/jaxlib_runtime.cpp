@@ -1,0 +1,357 @@
+// Runtime backed by jaxlib's PJRT client, called through pybind11. All jaxlib-version
+// differences live in this file.
+#include <ATen/dlpack.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
+
+namespace torchtpu {
+namespace {
+
+constexpr int kMaxDevices = 64;
+std::atomic<int64_t> g_bytes_in_use[kMaxDevices];
+std::atomic<int64_t> g_bytes_peak[kMaxDevices];
+
+bool python_alive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
+
+// Converts a Python exception raised inside jaxlib into a C++ one that says what failed.
+[[noreturn]] void rethrow(const char* what, py::error_already_set& e) {
+  std::string message = e.what();
+  if (message.find("RESOURCE_EXHAUSTED") != std::string::npos ||
+      message.find("Out of memory") != std::string::npos ||
+      message.find("out of memory") != std::string::npos) {
+    throw DeviceOutOfMemory(std::string("torchtpu: the device ran out of memory while ") + what +
+                            ". Free tensors you no longer need (del them), lower the batch size, "
+                            "or call torchtpu.sync() more often. XLA said: " + message);
+  }
+  throw std::runtime_error(std::string("torchtpu: ") + what + " failed: " + message);
+}
+
+struct JaxBuffer final : DeviceBuffer {
+  py::object array;
+  JaxBuffer(py::object a, TensorType t, int d) : DeviceBuffer(std::move(t), d), array(std::move(a)) {}
+  ~JaxBuffer() override {
+    if (!python_alive()) {
+      array.release();  // the interpreter is gone; leak rather than crash at exit
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    array = py::object();
+  }
+};
+
+struct JaxExecutable final : Executable {
+  py::object exe;
+  explicit JaxExecutable(py::object e) : exe(std::move(e)) {}
+  ~JaxExecutable() override {
+    if (!python_alive()) {
+      exe.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    exe = py::object();
+  }
+};
+
+const char* numpy_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::BFloat16: return "bfloat16";
+    case DType::Bool: return "bool";
+    default: return dtype_name(dtype);
+  }
+}
+
+// Host memory owned by a DLManagedTensor we built ourselves.
+struct OwnedHostTensor {
+  DLManagedTensor managed;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  void* data;
+};
+
+void delete_owned_host_tensor(DLManagedTensor* self) {
+  auto* owned = static_cast<OwnedHostTensor*>(self->manager_ctx);
+  std::free(owned->data);
+  delete owned;
+}
+
+DLDataType dlpack_dtype(DType dtype) {
+  DLDataType t;
+  t.lanes = 1;
+  t.bits = static_cast<uint8_t>(dtype_size(dtype) * 8);
+  switch (dtype) {
+    case DType::Bool: t.code = kDLBool; break;
+    case DType::UInt8: t.code = kDLUInt; break;
+    case DType::BFloat16: t.code = kDLBfloat; break;
+    case DType::Float16: case DType::Float32: case DType::Float64: t.code = kDLFloat; break;
+    default: t.code = kDLInt; break;
+  }
+  return t;
+}
+
+class JaxlibRuntime final : public Runtime {
+ public:
+  JaxlibRuntime(py::object client, std::string platform) : client_(std::move(client)), platform_(std::move(platform)) {
+    xla_client_ = py::module_::import("jax._src.lib").attr("xla_client");
+    jax_module_ = py::module_::import("jax._src.lib").attr("_jax");
+    devices_ = client_.attr("local_devices")().cast<py::list>();
+    py::object version = py::module_::import("jaxlib.version").attr("__version__");
+    version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
+               client_.attr("platform_version").cast<std::string>();
+    if (platform_ != "cpu") numpy_ = py::module_::import("numpy");
+  }
+
+  const std::string& platform() const override { return platform_; }
+  int device_count() const override { return static_cast<int>(devices_.size()); }
+  const std::string& version() const override { return version_; }
+
+  ExecutablePtr compile(const std::string& module_text, int device) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::list devices;
+      devices.append(devices_[device]);
+      py::object exe = client_.attr("compile_and_load")(py::bytes(module_text), devices,
+                                                        xla_client_.attr("CompileOptions")());
+      return std::make_shared<JaxExecutable>(std::move(exe));
+    } catch (py::error_already_set& e) {
+      rethrow("compiling a graph", e);
+    }
+  }
+
+  std::vector<BufferPtr> execute(Executable& exe, const std::vector<BufferPtr>& args,
+                                 const std::vector<TensorType>& result_types, int device) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::list arrays(args.size());
+      for (size_t i = 0; i < args.size(); ++i) arrays[i] = static_cast<JaxBuffer&>(*args[i]).array;
+      py::object results = static_cast<JaxExecutable&>(exe).exe.attr("execute_sharded")(arrays);
+      py::list per_output = results.attr("disassemble_into_single_device_arrays")();
+      if (per_output.size() != result_types.size())
+        throw std::runtime_error("torchtpu: executable returned an unexpected number of results");
+      std::vector<BufferPtr> out;
+      out.reserve(result_types.size());
+      for (size_t i = 0; i < result_types.size(); ++i) {
+        py::list shards = per_output[i];
+        out.push_back(std::make_shared<JaxBuffer>(shards[0], result_types[i], device));
+      }
+      return out;
+    } catch (py::error_already_set& e) {
+      rethrow("running a graph", e);
+    }
+  }
+
+  BufferPtr upload(DLManagedTensor* host, const TensorType& type, int device) override {
+    py::gil_scoped_acquire gil;
+    if (platform_ != "cpu") {
+      // Accelerators take host data through numpy; the DLPack memory is copied.
+      py::object array = host_to_numpy(host->dl_tensor.data, type);
+      BufferPtr buffer = put_numpy(array, type, device);
+      if (host->deleter) host->deleter(host);
+      return buffer;
+    }
+    py::capsule capsule(host, "dltensor", [](PyObject* object) {
+      if (PyCapsule_IsValid(object, "dltensor")) {
+        auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(object, "dltensor"));
+        if (managed && managed->deleter) managed->deleter(managed);
+      }
+    });
+    try {
+      if (device < 0 || device >= static_cast<int>(devices_.size())) throw std::logic_error("torchtpu: bad device index " + std::to_string(device) + " of " + std::to_string(devices_.size()));
+      py::object array = jax_module_.attr("dlpack_managed_tensor_to_buffer")(capsule, devices_[device], py::none());
+      return std::make_shared<JaxBuffer>(std::move(array), type, device);
+    } catch (py::error_already_set& e) {
+      rethrow("copying a tensor to the device", e);
+    }
+  }
+
+  BufferPtr upload_bytes(const void* data, const TensorType& type, int device) override {
+    auto* owned = new OwnedHostTensor();
+    size_t bytes = static_cast<size_t>(type.nbytes());
+    owned->data = std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64);
+    if (bytes) std::memcpy(owned->data, data, bytes);
+    owned->shape = type.shape;
+    owned->strides.assign(type.shape.size(), 1);
+    for (int i = static_cast<int>(type.shape.size()) - 2; i >= 0; --i)
+      owned->strides[i] = owned->strides[i + 1] * type.shape[i + 1];
+    DLManagedTensor& m = owned->managed;
+    m.manager_ctx = owned;
+    m.deleter = delete_owned_host_tensor;
+    m.dl_tensor.data = owned->data;
+    m.dl_tensor.device = DLDevice{kDLCPU, 0};
+    m.dl_tensor.ndim = static_cast<int32_t>(type.shape.size());
+    m.dl_tensor.dtype = dlpack_dtype(type.dtype);
+    m.dl_tensor.shape = owned->shape.data();
+    m.dl_tensor.strides = owned->strides.data();
+    m.dl_tensor.byte_offset = 0;
+    return upload(&m, type, device);
+  }
+
+  DLManagedTensor* download(const DeviceBuffer& buffer) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object array = static_cast<const JaxBuffer&>(buffer).array;
+      if (platform_ != "cpu") {
+        // Bring the bytes to host memory through numpy (bfloat16 travels as uint16 bits).
+        py::object host = numpy_.attr("asarray")(array);
+        if (buffer.type.dtype == DType::BFloat16) host = host.attr("view")(numpy_.attr("uint16"));
+        array = numpy_.attr("ascontiguousarray")(host);
+      }
+      py::object capsule = array.attr("__dlpack__")();
+      auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+      if (!managed) throw py::error_already_set();
+      PyCapsule_SetName(capsule.ptr(), "used_dltensor");
+      return managed;
+    } catch (py::error_already_set& e) {
+      rethrow("copying a tensor to the host", e);
+    }
+  }
+
+  void wait(const DeviceBuffer& buffer) override {
+    py::gil_scoped_acquire gil;
+    try {
+      static_cast<const JaxBuffer&>(buffer).array.attr("block_until_ready")();
+    } catch (py::error_already_set& e) {
+      rethrow("running a graph", e);
+    }
+  }
+
+  std::string serialize(Executable& exe) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::bytes bytes = client_.attr("serialize_executable")(static_cast<JaxExecutable&>(exe).exe);
+      return bytes;
+    } catch (py::error_already_set& e) {
+      rethrow("serializing an executable", e);
+    }
+  }
+
+  ExecutablePtr deserialize(const std::string& bytes, int device) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::list devices;
+      devices.append(devices_[device]);
+      py::object device_list = jax_module_.attr("DeviceList")(py::tuple(devices));
+      py::object exe = client_.attr("deserialize_executable")(py::bytes(bytes), device_list,
+                                                              xla_client_.attr("CompileOptions")());
+      return std::make_shared<JaxExecutable>(std::move(exe));
+    } catch (py::error_already_set& e) {
+      rethrow("loading a cached executable", e);
+    }
+  }
+
+ private:
+  py::object host_to_numpy(const void* data, const TensorType& type) {
+    py::object dtype = type.dtype == DType::BFloat16
+                           ? numpy_.attr("uint16")
+                           : numpy_.attr("dtype")(numpy_dtype_name(type.dtype));
+    py::bytes raw(static_cast<const char*>(data), static_cast<size_t>(type.nbytes()));
+    py::object array = numpy_.attr("frombuffer")(raw, dtype).attr("reshape")(py::cast(type.shape));
+    if (type.dtype == DType::BFloat16)
+      array = array.attr("view")(py::module_::import("ml_dtypes").attr("bfloat16"));
+    return array;
+  }
+
+  BufferPtr put_numpy(py::object array, const TensorType& type, int device) {
+    try {
+      py::object buffer = client_.attr("buffer_from_pyval")(array, devices_[device]);
+      return std::make_shared<JaxBuffer>(std::move(buffer), type, device);
+    } catch (py::error_already_set& e) {
+      rethrow("copying a tensor to the device", e);
+    }
+  }
+
+  py::object client_;
+  py::object xla_client_;
+  py::object jax_module_;
+  py::object numpy_;
+  py::list devices_;
+  std::string platform_;
+  std::string version_;
+};
+
+Runtime* g_runtime = nullptr;  // never destroyed: its Python objects outlive the interpreter
+std::mutex g_runtime_mutex;
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(TensorType t, int d) : type(std::move(t)), device(d) {
+  int64_t now = g_bytes_in_use[device].fetch_add(type.nbytes()) + type.nbytes();
+  int64_t peak = g_bytes_peak[device].load();
+  while (now > peak && !g_bytes_peak[device].compare_exchange_weak(peak, now)) {
+  }
+}
+
+DeviceBuffer::~DeviceBuffer() { g_bytes_in_use[device].fetch_sub(type.nbytes()); }
+
+int64_t device_bytes_in_use(int device) { return g_bytes_in_use[device].load(); }
+int64_t device_bytes_peak(int device) { return g_bytes_peak[device].load(); }
+void reset_device_bytes_peak(int device) { g_bytes_peak[device].store(g_bytes_in_use[device].load()); }
+
+void init_runtime(const std::string& requested_platform, int cpu_device_count) {
+  std::lock_guard<std::mutex> lock(g_runtime_mutex);
+  if (g_runtime) return;
+  py::gil_scoped_acquire gil;
+  py::module_ jax;
+  try {
+    jax = py::module_::import("jax");
+  } catch (py::error_already_set&) {
+    throw std::runtime_error(
+        "torchtpu needs jax and jaxlib: pip install 'jax[cpu]==0.10.2' (add the CUDA or TPU "
+        "plugin for those platforms)");
+  }
+  if (cpu_device_count > 1) {
+    try {
+      jax.attr("config").attr("update")("jax_num_cpu_devices", cpu_device_count);
+    } catch (py::error_already_set&) {
+      // The CPU client already exists; its device count is fixed.
+    }
+  }
+  py::module_ bridge = py::module_::import("jax._src.xla_bridge");
+  std::vector<std::string> present;
+  for (const char* name : {"tpu", "cuda", "cpu"}) {
+    try {
+      bridge.attr("get_backend")(name);
+      present.push_back(name);
+    } catch (py::error_already_set&) {
+    }
+  }
+  auto is_present = [&](const std::string& p) {
+    for (auto& x : present) if (x == p) return true;
+    return false;
+  };
+  std::string present_list;
+  for (auto& p : present) present_list += (present_list.empty() ? "" : ", ") + p;
+  std::string platform = requested_platform;
+  if (platform.empty()) {
+    if (present.empty()) throw std::runtime_error("torchtpu: jaxlib found no usable platform");
+    platform = present.front();
+  } else if (platform != "cpu" && platform != "cuda" && platform != "tpu") {
+    throw std::invalid_argument("torchtpu: unknown platform '" + platform +
+                                "'; valid platforms are cpu, cuda, tpu (present here: " +
+                                present_list + ")");
+  } else if (!is_present(platform)) {
+    throw std::runtime_error("torchtpu: platform '" + platform +
+                             "' was requested (TORCHTPU_PLATFORM) but is not present on this "
+                             "machine; present: " + present_list +
+                             ". Install its jax plugin or choose another platform.");
+  }
+  py::object client = bridge.attr("get_backend")(platform);
+  g_runtime = new JaxlibRuntime(client, platform);
+}
+
+bool runtime_initialized() { return g_runtime != nullptr; }
+
+Runtime& runtime() {
+  if (!g_runtime) throw std::runtime_error("torchtpu: runtime used before torchtpu was initialised");
+  return *g_runtime;
+}
+
+}  // namespace torchtpu

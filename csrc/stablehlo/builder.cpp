@@ -1,0 +1,348 @@
+// Text emission for StableHLO functions (see builder.h).
+#include "stablehlo/builder.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "lowering/registry.h"
+
+namespace torchtpu {
+
+std::string format_list(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+std::string format_dims(const std::vector<int64_t>& dims) {
+  if (dims.empty()) return "array<i64>";
+  std::string s = "array<i64: ";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + ">";
+}
+
+namespace {
+
+// Float literal that MLIR parses back to exactly this value (hex for inf/nan).
+std::string float_literal(double value, DType dtype) {
+  if (std::isfinite(value)) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.17e", value);
+    return buf;
+  }
+  bool negative = std::signbit(value);
+  switch (dtype) {
+    case DType::Float64:
+      if (std::isnan(value)) return "0x7FF8000000000000";
+      return negative ? "0xFFF0000000000000" : "0x7FF0000000000000";
+    case DType::Float16:
+      if (std::isnan(value)) return "0x7E00";
+      return negative ? "0xFC00" : "0x7C00";
+    case DType::BFloat16:
+      if (std::isnan(value)) return "0x7FC0";
+      return negative ? "0xFF80" : "0x7F80";
+    default:
+      if (std::isnan(value)) return "0x7FC00000";
+      return negative ? "0xFF800000" : "0x7F800000";
+  }
+}
+
+std::string types_of(const std::vector<V>& values) {
+  std::string s;
+  for (size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + values[i].type.mlir();
+  return s;
+}
+
+const char* compare_type(DType dtype) {
+  if (is_floating(dtype)) return "FLOAT";
+  if (is_signed_integer(dtype)) return "SIGNED";
+  return "UNSIGNED";
+}
+
+}  // namespace
+
+std::string LoweringContext::fresh_name() { return "%" + std::to_string(counter_++); }
+
+void LoweringContext::begin_node(const Node& node, std::vector<V> operands, std::vector<int> lifted_slots) {
+  operands_ = std::move(operands);
+  lifted_slots_ = std::move(lifted_slots);
+  results_.clear();
+  rng_calls_ = 0;
+  body_ += "    // " + node.rule->op + "\n";
+}
+
+std::vector<V> LoweringContext::finish_node(const Node& node) {
+  if (results_.size() != node.outputs.size())
+    throw std::logic_error("torchtpu: lowering of " + node.rule->op + " produced " +
+                           std::to_string(results_.size()) + " results, expected " +
+                           std::to_string(node.outputs.size()));
+  for (size_t i = 0; i < results_.size(); ++i) {
+    if (results_[i].type != node.outputs[i])
+      throw std::logic_error("torchtpu: lowering of " + node.rule->op + " result " + std::to_string(i) +
+                             " has type " + results_[i].type.str() + " but PyTorch expects " +
+                             node.outputs[i].str());
+  }
+  return std::move(results_);
+}
+
+V LoweringContext::input(const Node& node, int arg) const {
+  const Arg& a = node.args.at(arg);
+  if (a.kind != Arg::Kind::Tensor)
+    throw std::logic_error("torchtpu: argument " + std::to_string(arg) + " of " + node.rule->op + " is not a tensor");
+  return operands_.at(a.operands[0]);
+}
+
+bool LoweringContext::has_input(const Node& node, int arg) const {
+  return arg < static_cast<int>(node.args.size()) && node.args[arg].kind == Arg::Kind::Tensor;
+}
+
+std::vector<V> LoweringContext::inputs(const Node& node, int arg) const {
+  std::vector<V> out;
+  for (int index : node.args.at(arg).operands)
+    if (index >= 0) out.push_back(operands_.at(index));
+  return out;
+}
+
+V LoweringContext::scalar(const Node& node, int arg, DType dtype) { return scalar_at(node, arg, 0, dtype); }
+
+V LoweringContext::scalar_at(const Node& node, int arg, size_t index, DType dtype) {
+  const Arg& a = node.args.at(arg);
+  if (!a.lifted) {
+    if (a.kind == Arg::Kind::DoubleList) return constant(a.doubles.at(index), dtype);
+    if (a.kind == Arg::Kind::IntList) return constant_int(a.ints.at(index), dtype);
+    if (a.kind == Arg::Kind::Double) return constant(a.d, dtype);
+    if (a.kind == Arg::Kind::Int || a.kind == Arg::Kind::Bool) return constant_int(a.i, dtype);
+    throw std::logic_error("torchtpu: argument " + std::to_string(arg) + " of " + node.rule->op + " is not a number");
+  }
+  int slot = lifted_slots_.at(arg) + static_cast<int>(index);
+  bool is_float = a.kind == Arg::Kind::Double || a.kind == Arg::Kind::DoubleList;
+  const V& pack = is_float ? float_pack_ : int_pack_;
+  V element = slice(pack, {slot}, {slot + 1}, {1});
+  element = reshape(element, {});
+  return convert(element, dtype);
+}
+
+V LoweringContext::emit(const std::string& op, const std::vector<V>& operands, const TensorType& result,
+                        const std::string& attrs, const std::string& regions) {
+  return emit_multi(op, operands, {result}, attrs, regions)[0];
+}
+
+std::vector<V> LoweringContext::emit_multi(const std::string& op, const std::vector<V>& operands,
+                                           const std::vector<TensorType>& results, const std::string& attrs,
+                                           const std::string& regions) {
+  std::string name = fresh_name();
+  std::string line = "    " + name;
+  if (results.size() > 1) line += ":" + std::to_string(results.size());
+  line += " = \"" + op + "\"(";
+  for (size_t i = 0; i < operands.size(); ++i) line += (i ? ", " : "") + operands[i].name;
+  line += ")";
+  if (!regions.empty()) line += " (" + regions + ")";
+  if (!attrs.empty()) line += " {" + attrs + "}";
+  line += " : (" + types_of(operands) + ") -> ";
+  std::vector<V> out;
+  if (results.size() == 1) {
+    line += results[0].mlir();
+    out.push_back(V{name, results[0]});
+  } else {
+    line += "(";
+    for (size_t i = 0; i < results.size(); ++i) {
+      line += (i ? ", " : "") + results[i].mlir();
+      out.push_back(V{name + "#" + std::to_string(i), results[i]});
+    }
+    line += ")";
+  }
+  append(line + "\n");
+  return out;
+}
+
+V LoweringContext::constant(double value, DType dtype, const std::vector<int64_t>& shape) {
+  TensorType type{shape, dtype};
+  std::string literal;
+  if (dtype == DType::Bool) literal = value != 0.0 ? "true" : "false";
+  else if (is_floating(dtype)) literal = float_literal(value, dtype);
+  else return constant_int(static_cast<int64_t>(value), dtype, shape);
+  return emit("stablehlo.constant", {}, type, "value = dense<" + literal + "> : " + type.mlir());
+}
+
+V LoweringContext::constant_int(int64_t value, DType dtype, const std::vector<int64_t>& shape) {
+  if (is_floating(dtype)) return constant(static_cast<double>(value), dtype, shape);
+  TensorType type{shape, dtype};
+  std::string literal = dtype == DType::Bool ? (value ? "true" : "false") : std::to_string(value);
+  if (dtype == DType::UInt8) literal = std::to_string(static_cast<uint8_t>(value));
+  return emit("stablehlo.constant", {}, type, "value = dense<" + literal + "> : " + type.mlir());
+}
+
+V LoweringContext::convert(const V& x, DType dtype) {
+  if (x.type.dtype == dtype) return x;
+  if (dtype == DType::Bool) {
+    // PyTorch: nonzero -> true (a plain convert would truncate).
+    V zero = constant(0, x.type.dtype, x.type.shape);
+    return compare("NE", x, zero);
+  }
+  return emit("stablehlo.convert", {x}, TensorType{x.type.shape, dtype});
+}
+
+V LoweringContext::reshape(const V& x, const std::vector<int64_t>& shape) {
+  if (x.type.shape == shape) return x;
+  return emit("stablehlo.reshape", {x}, TensorType{shape, x.type.dtype});
+}
+
+V LoweringContext::broadcast_in_dim(const V& x, const std::vector<int64_t>& shape, const std::vector<int64_t>& dims) {
+  return emit("stablehlo.broadcast_in_dim", {x}, TensorType{shape, x.type.dtype},
+              "broadcast_dimensions = " + format_dims(dims));
+}
+
+V LoweringContext::broadcast_to(const V& x, const std::vector<int64_t>& shape) {
+  if (x.type.shape == shape) return x;
+  size_t rank = shape.size(), xr = x.type.shape.size();
+  if (xr > rank) throw std::logic_error("torchtpu: cannot broadcast " + x.type.str() + " to a lower rank");
+  std::vector<int64_t> dims(xr);
+  std::vector<int64_t> squeezed_shape;
+  std::vector<int64_t> squeezed_dims;
+  bool needs_reshape = false;
+  for (size_t i = 0; i < xr; ++i) {
+    dims[i] = static_cast<int64_t>(rank - xr + i);
+    int64_t size = x.type.shape[i];
+    if (size == shape[dims[i]]) {
+      squeezed_shape.push_back(size);
+      squeezed_dims.push_back(dims[i]);
+    } else if (size == 1) {
+      needs_reshape = true;
+    } else {
+      throw std::logic_error("torchtpu: cannot broadcast " + x.type.str() + " to " + format_list(shape));
+    }
+  }
+  V source = x;
+  if (needs_reshape) {
+    source = reshape(x, squeezed_shape);
+    dims = squeezed_dims;
+  }
+  return broadcast_in_dim(source, shape, dims);
+}
+
+V LoweringContext::transpose(const V& x, const std::vector<int64_t>& permutation) {
+  bool identity = true;
+  std::vector<int64_t> shape(permutation.size());
+  for (size_t i = 0; i < permutation.size(); ++i) {
+    shape[i] = x.type.shape[permutation[i]];
+    identity &= permutation[i] == static_cast<int64_t>(i);
+  }
+  if (identity) return x;
+  return emit("stablehlo.transpose", {x}, TensorType{shape, x.type.dtype},
+              "permutation = " + format_dims(permutation));
+}
+
+V LoweringContext::slice(const V& x, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+                         const std::vector<int64_t>& strides) {
+  std::vector<int64_t> shape(start.size());
+  for (size_t i = 0; i < start.size(); ++i) {
+    int64_t extent = limit[i] - start[i];
+    shape[i] = extent <= 0 ? 0 : (extent + strides[i] - 1) / strides[i];
+  }
+  return emit("stablehlo.slice", {x}, TensorType{shape, x.type.dtype},
+              "start_indices = " + format_dims(start) + ", limit_indices = " + format_dims(limit) +
+                  ", strides = " + format_dims(strides));
+}
+
+V LoweringContext::concatenate(const std::vector<V>& xs, int64_t dim) {
+  if (xs.size() == 1) return xs[0];
+  TensorType type = xs[0].type;
+  type.shape[dim] = 0;
+  for (auto& x : xs) type.shape[dim] += x.type.shape[dim];
+  return emit("stablehlo.concatenate", xs, type, "dimension = " + std::to_string(dim) + " : i64");
+}
+
+V LoweringContext::unary(const char* op, const V& x) { return emit(op, {x}, x.type); }
+
+V LoweringContext::binary(const char* op, const V& a, const V& b) { return emit(op, {a, b}, a.type); }
+
+V LoweringContext::compare(const char* direction, const V& a, const V& b) {
+  return emit("stablehlo.compare", {a, b}, TensorType{a.type.shape, DType::Bool},
+              std::string("comparison_direction = #stablehlo<comparison_direction ") + direction +
+                  ">, compare_type = #stablehlo<comparison_type " + compare_type(a.type.dtype) + ">");
+}
+
+V LoweringContext::select(const V& pred, const V& on_true, const V& on_false) {
+  return emit("stablehlo.select", {pred, on_true, on_false}, on_true.type);
+}
+
+V LoweringContext::reduce(const V& x, const std::vector<int64_t>& dims, const V& init, const char* op) {
+  TensorType scalar{{}, x.type.dtype};
+  std::string body = region({scalar, scalar}, [&](const std::vector<V>& args) {
+    return std::vector<V>{binary(op, args[0], args[1])};
+  });
+  std::vector<int64_t> shape;
+  for (int64_t i = 0; i < x.type.rank(); ++i) {
+    bool reduced = false;
+    for (int64_t d : dims) reduced |= d == i;
+    if (!reduced) shape.push_back(x.type.shape[i]);
+  }
+  return emit("stablehlo.reduce", {x, init}, TensorType{shape, x.type.dtype},
+              "dimensions = " + format_dims(dims), body);
+}
+
+V LoweringContext::iota(const TensorType& type, int64_t dim) {
+  return emit("stablehlo.iota", {}, type, "iota_dimension = " + std::to_string(dim) + " : i64");
+}
+
+V LoweringContext::dot_general(const V& lhs, const V& rhs, const std::vector<int64_t>& lhs_batch,
+                               const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
+                               const std::vector<int64_t>& rhs_contract, const TensorType& result) {
+  std::string attrs = "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + format_list(lhs_batch) +
+                      ", rhs_batching_dimensions = " + format_list(rhs_batch) +
+                      ", lhs_contracting_dimensions = " + format_list(lhs_contract) +
+                      ", rhs_contracting_dimensions = " + format_list(rhs_contract) + ">";
+  return emit("stablehlo.dot_general", {lhs, rhs}, result, attrs);
+}
+
+V LoweringContext::random_bits(const Node& node, const std::vector<int64_t>& shape, int bits) {
+  // The last two args of a random node are its generator's seed and offset (lifted ints).
+  int seed_arg = static_cast<int>(node.args.size()) - 2;
+  V seed = scalar(node, seed_arg, DType::Int64);
+  V offset = scalar(node, seed_arg + 1, DType::Int64);
+  if (rng_calls_ > 0) offset = binary("stablehlo.add", offset, constant_int(rng_calls_ << 20, DType::Int64));
+  ++rng_calls_;
+  TensorType u64{{}, DType::Int64};
+  V state = concatenate({reshape(seed, {1}), reshape(offset, {1})}, 0);
+  std::string state_u64 = "tensor<2xui64>";
+  std::string name = fresh_name();
+  append("    " + name + " = \"stablehlo.bitcast_convert\"(" + state.name + ") : (tensor<2xi64>) -> " + state_u64 + "\n");
+  std::string bits_type = "tensor<";
+  for (int64_t d : shape) bits_type += std::to_string(d) + "x";
+  bits_type += bits == 64 ? "ui64>" : "ui32>";
+  std::string out = fresh_name();
+  append("    " + out + ":2 = \"stablehlo.rng_bit_generator\"(" + name +
+         ") {rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>} : (" + state_u64 + ") -> (" + state_u64 + ", " +
+         bits_type + ")\n");
+  // Reinterpret as signed integers of the same width so the rest of the lowering uses i32/i64.
+  TensorType signed_type{shape, bits == 64 ? DType::Int64 : DType::Int32};
+  std::string result = fresh_name();
+  append("    " + result + " = \"stablehlo.bitcast_convert\"(" + out + "#1) : (" + bits_type + ") -> " +
+         signed_type.mlir() + "\n");
+  return V{result, signed_type};
+}
+
+V LoweringContext::random_uniform(const Node& node, const std::vector<int64_t>& shape, DType dtype) {
+  if (dtype == DType::Float64) {
+    V bits = random_bits(node, shape, 64);
+    V mantissa = binary("stablehlo.shift_right_logical", bits, constant_int(12, DType::Int64, shape));
+    V one_bits = binary("stablehlo.or", mantissa, constant_int(0x3FF0000000000000ll, DType::Int64, shape));
+    V in_one_two = emit("stablehlo.bitcast_convert", {one_bits}, TensorType{shape, DType::Float64});
+    return binary("stablehlo.subtract", in_one_two, constant(1.0, DType::Float64, shape));
+  }
+  V bits = random_bits(node, shape, 32);
+  V mantissa = binary("stablehlo.shift_right_logical", bits, constant_int(9, DType::Int32, shape));
+  V one_bits = binary("stablehlo.or", mantissa, constant_int(0x3F800000, DType::Int32, shape));
+  V in_one_two = emit("stablehlo.bitcast_convert", {one_bits}, TensorType{shape, DType::Float32});
+  V uniform = binary("stablehlo.subtract", in_one_two, constant(1.0, DType::Float32, shape));
+  if (dtype == DType::Float32) return uniform;
+  // Rounding to a narrower type can reach 1.0; keep the result in [0, 1).
+  V narrow = convert(uniform, dtype);
+  double below_one = dtype == DType::BFloat16 ? 0.99609375 : 0.99951171875;
+  V one = constant(1.0, dtype, shape);
+  return select(compare("GE", narrow, one), constant(below_one, dtype, shape), narrow);
+}
+
+}  // namespace torchtpu

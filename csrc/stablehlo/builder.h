@@ -1,0 +1,123 @@
+// LoweringContext: writes the body of one StableHLO function as text, op by op.
+// Lowerings call its helpers; everything is emitted in MLIR's generic form so the text is
+// uniform, deterministic and easy to diff.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace torchtpu {
+
+// An SSA value of the function being built.
+struct V {
+  std::string name;
+  TensorType type;
+};
+
+std::string format_dims(const std::vector<int64_t>& dims);  // "array<i64: 0, 1>"
+std::string format_list(const std::vector<int64_t>& dims);  // "[0, 1]"
+
+class LoweringContext {
+ public:
+  explicit LoweringContext(bool float_scalars_f32) : float_scalars_f32_(float_scalars_f32) {}
+
+  // --- set up by the graph builder -------------------------------------------------------
+  void begin_node(const Node& node, std::vector<V> operands, std::vector<int> lifted_slots);
+  std::vector<V> finish_node(const Node& node);
+  void set_scalar_packs(V floats, V ints) { float_pack_ = std::move(floats); int_pack_ = std::move(ints); }
+  V parameter(const std::string& name, const TensorType& type) { return V{name, type}; }
+  const std::string& body() const { return body_; }
+
+  // --- inputs of the current node ----------------------------------------------------------
+  V input(const Node& node, int arg) const;                      // Tensor argument
+  bool has_input(const Node& node, int arg) const;               // Tensor argument present (not None)
+  std::vector<V> inputs(const Node& node, int arg) const;        // TensorList argument (None skipped)
+  V scalar(const Node& node, int arg, DType dtype);              // Scalar/number argument as a 0-d value
+  V scalar_at(const Node& node, int arg, size_t index, DType dtype);  // element of a lifted list
+  const TensorType& out(const Node& node, int index = 0) const { return node.outputs[index]; }
+
+  // --- results of the current node ----------------------------------------------------------
+  void set_result(V value) { results_ = {std::move(value)}; }
+  void set_results(std::vector<V> values) { results_ = std::move(values); }
+
+  // --- emission ---------------------------------------------------------------------------
+  // Emits `%r = "op"(operands) {attrs} : (types) -> result` and returns %r.
+  V emit(const std::string& op, const std::vector<V>& operands, const TensorType& result,
+         const std::string& attrs = "", const std::string& regions = "");
+  std::vector<V> emit_multi(const std::string& op, const std::vector<V>& operands,
+                            const std::vector<TensorType>& results, const std::string& attrs = "",
+                            const std::string& regions = "");
+  // A region with one block taking scalar tensors of `arg_types`; `body` receives the block
+  // arguments and returns the values to yield.
+  template <typename F>
+  std::string region(const std::vector<TensorType>& arg_types, F body);
+  std::string fresh_name();
+
+  // --- helpers ----------------------------------------------------------------------------
+  V constant(double value, DType dtype, const std::vector<int64_t>& shape = {});
+  V constant_int(int64_t value, DType dtype, const std::vector<int64_t>& shape = {});
+  V convert(const V& x, DType dtype);
+  V reshape(const V& x, const std::vector<int64_t>& shape);
+  V broadcast_in_dim(const V& x, const std::vector<int64_t>& shape, const std::vector<int64_t>& dims);
+  V broadcast_to(const V& x, const std::vector<int64_t>& shape);  // numpy rules, right-aligned
+  V transpose(const V& x, const std::vector<int64_t>& permutation);
+  V slice(const V& x, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+          const std::vector<int64_t>& strides);
+  V concatenate(const std::vector<V>& xs, int64_t dim);
+  V unary(const char* op, const V& x);
+  V binary(const char* op, const V& a, const V& b);  // same shapes and dtypes
+  V compare(const char* direction, const V& a, const V& b);  // EQ NE LT LE GT GE
+  V select(const V& pred, const V& on_true, const V& on_false);
+  // Reduces `dims` of x with a two-argument elementwise op ("stablehlo.add", "stablehlo.maximum").
+  V reduce(const V& x, const std::vector<int64_t>& dims, const V& init, const char* op);
+  V iota(const TensorType& type, int64_t dim);
+  V dot_general(const V& lhs, const V& rhs, const std::vector<int64_t>& lhs_batch,
+                const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
+                const std::vector<int64_t>& rhs_contract, const TensorType& result);
+  // Random bits of the given unsigned type ("ui32"/"ui64"), seeded from the node's seed/offset args.
+  V random_bits(const Node& node, const std::vector<int64_t>& shape, int bits);
+  // Uniform floats in [0, 1) of dtype, from the node's seed/offset args.
+  V random_uniform(const Node& node, const std::vector<int64_t>& shape, DType dtype);
+
+ private:
+  void append(const std::string& line) { body_ += line; }
+
+  bool float_scalars_f32_;
+  std::string body_;
+  int counter_ = 0;
+  int rng_calls_ = 0;
+  std::vector<V> operands_;
+  std::vector<int> lifted_slots_;
+  std::vector<V> results_;
+  V float_pack_, int_pack_;
+};
+
+template <typename F>
+std::string LoweringContext::region(const std::vector<TensorType>& arg_types, F body) {
+  std::vector<V> args;
+  std::string header = "{\n  ^bb0(";
+  for (size_t i = 0; i < arg_types.size(); ++i) {
+    V arg{fresh_name(), arg_types[i]};
+    header += (i ? ", " : "") + arg.name + ": " + arg.type.mlir();
+    args.push_back(arg);
+  }
+  header += "):\n";
+  std::string saved;
+  saved.swap(body_);
+  std::vector<V> yielded = body(args);
+  std::string inner;
+  inner.swap(body_);
+  body_.swap(saved);
+  std::string ret = "    \"stablehlo.return\"(";
+  std::string types;
+  for (size_t i = 0; i < yielded.size(); ++i) {
+    ret += (i ? ", " : "") + yielded[i].name;
+    types += (i ? ", " : "") + yielded[i].type.mlir();
+  }
+  ret += ") : (" + types + ") -> ()\n";
+  return header + inner + ret + "}";
+}
+
+}  // namespace torchtpu

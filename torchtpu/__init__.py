@@ -1,0 +1,122 @@
+"""torchtpu: TPUs and other XLA devices as a native PyTorch device named "tpu".
+
+    import torch
+    x = torch.randn(4, 4, device="tpu")
+
+Every aten op on a tpu tensor is lowered to StableHLO and compiled by XLA (through
+jaxlib's client), on the platform chosen by TORCHTPU_PLATFORM (tpu, cuda or cpu).
+"""
+import contextlib
+import os
+
+import torch
+
+__version__ = "0.1.0"
+__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics"]
+
+_VALID_PLATFORMS = ("cpu", "cuda", "tpu")
+
+
+def _check_dependencies():
+    try:
+        import jax  # noqa: F401
+        import jaxlib  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            "torchtpu needs jax and jaxlib: pip install 'jax[cpu]==0.10.2' "
+            "(plus jax's CUDA or TPU plugin for those platforms)"
+        ) from error
+
+
+def _initialize():
+    _check_dependencies()
+    if torch._C._get_privateuse1_backend_name() != "tpu":
+        torch.utils.rename_privateuse1_backend("tpu")
+    from torchtpu import _C
+
+    requested = os.environ.get("TORCHTPU_PLATFORM", "").strip().lower()
+    if requested and requested not in _VALID_PLATFORMS:
+        present = _present_platforms()
+        raise ValueError(
+            f"TORCHTPU_PLATFORM={requested!r} is not a platform; valid platforms are "
+            f"{', '.join(_VALID_PLATFORMS)} (present here: {', '.join(present) or 'none'})"
+        )
+    cpu_devices = int(os.environ.get("TORCHTPU_NUM_DEVICES", "1") or "1")
+    _C.init(requested, cpu_devices)
+    _C.set_fallback_policy(os.environ.get("TORCHTPU_FALLBACK", "warn").strip().lower() or "warn")
+    cache_dir = os.environ.get("TORCHTPU_CACHE_DIR")
+    if cache_dir is None:
+        cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "torchtpu")
+    _C.set_cache_dir(cache_dir)
+    _C.set_dump_dir(os.environ.get("TORCHTPU_DUMP_DIR", ""))
+    if os.environ.get("TORCHTPU_MAX_PENDING_OPS"):
+        _C.set_max_pending_ops(int(os.environ["TORCHTPU_MAX_PENDING_OPS"]))
+    _C.set_mode(os.environ.get("TORCHTPU_MODE", "fused").strip().lower() or "fused")
+
+    from torchtpu import device_module
+
+    if getattr(torch, "tpu", None) is not device_module:
+        torch._register_device_module("tpu", device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
+    )
+    from torchtpu import _patches
+
+    _patches.install()
+
+
+def _present_platforms():
+    present = []
+    try:
+        from jax._src import xla_bridge
+
+        for name in _VALID_PLATFORMS:
+            try:
+                xla_bridge.get_backend(name)
+                present.append(name)
+            except Exception:
+                pass
+    except Exception:
+        pass
+    return present
+
+
+_initialize()
+
+from torchtpu import _C  # noqa: E402
+from torchtpu import metrics  # noqa: E402
+
+
+def platform() -> str:
+    """The XLA platform tpu tensors run on: "cpu", "cuda" or "tpu"."""
+    return _C.platform()
+
+
+def device(index: int | None = None) -> torch.device:
+    """torch.device("tpu:N"), the current device when index is None."""
+    return torch.device("tpu", _C.current_device() if index is None else index)
+
+
+def set_mode(name: str) -> None:
+    """Selects the eager mode: "debug", "strict" or "fused" (the default)."""
+    _C.set_mode(name)
+
+
+def get_mode() -> str:
+    return _C.get_mode()
+
+
+@contextlib.contextmanager
+def mode(name: str):
+    """Runs the block in the given eager mode, then restores the previous one."""
+    previous = _C.get_mode()
+    _C.set_mode(name)
+    try:
+        yield
+    finally:
+        _C.set_mode(previous)
+
+
+def sync(wait: bool = False) -> None:
+    """Runs all pending device work now; with wait=True, also waits for it to finish."""
+    _C.sync(wait)

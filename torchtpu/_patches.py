@@ -1,0 +1,124 @@
+"""Small adaptations of PyTorch's Python layer for the tpu device: printing, saving and
+loading, and the end of optimizer steps as a flush point."""
+import functools
+
+import torch
+
+from torchtpu import _C
+
+
+def _is_tpu(tensor) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu"
+
+
+def _patch_printing():
+    import torch._tensor_str as tensor_str
+
+    original = tensor_str._tensor_str
+
+    @functools.wraps(original)
+    def _tensor_str(self, indent):
+        # Formatting runs many small ops; do them on a host copy (one transfer).
+        if _is_tpu(self):
+            self = self.cpu()
+        return original(self, indent)
+
+    tensor_str._tensor_str = _tensor_str
+
+    original_str = tensor_str._str
+
+    @functools.wraps(original_str)
+    def _str(self, *, tensor_contents=None):
+        # A tpu tensor is a functional wrapper inside; print it as the plain device tensor
+        # it is to the user (PyTorch would print "_to_functional_tensor(...)").
+        if not _is_tpu(self):
+            return original_str(self, tensor_contents=tensor_contents)
+        is_functional = torch._is_functional_tensor
+        torch._is_functional_tensor = lambda t: False if _is_tpu(t) else is_functional(t)
+        try:
+            return original_str(self, tensor_contents=tensor_contents)
+        finally:
+            torch._is_functional_tensor = is_functional
+
+    tensor_str._str = _str
+
+
+def _patch_serialization():
+    # torch.save of a tpu tensor goes through a CPU copy, as for XLA tensors.
+    original_has_storage = torch._C._has_storage
+
+    def _has_storage(tensor):
+        if _is_tpu(tensor):
+            return False
+        return original_has_storage(tensor)
+
+    torch._C._has_storage = _has_storage
+
+    original_load = torch.load
+
+    @functools.wraps(original_load)
+    def load(f, map_location=None, *args, **kwargs):
+        target = _tpu_target(map_location)
+        if target is None:
+            return original_load(f, map_location, *args, **kwargs)
+        return _move(original_load(f, "cpu", *args, **kwargs), target)
+
+    torch.load = load
+
+
+def _tpu_target(map_location):
+    if isinstance(map_location, (str, torch.device)):
+        device = torch.device(map_location)
+        if device.type == "tpu":
+            return device
+    return None
+
+
+def _move(obj, device):
+    if isinstance(obj, torch.nn.Parameter):
+        return torch.nn.Parameter(obj.to(device), requires_grad=obj.requires_grad)
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        moved = {k: _move(v, device) for k, v in obj.items()}
+        if type(obj) is not dict:
+            try:
+                return type(obj)(moved)
+            except TypeError:
+                return moved
+        return moved
+    if isinstance(obj, list):
+        return [_move(v, device) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_move(v, device) for v in obj)
+    return obj
+
+
+def _patch_optimizers():
+    # The end of an optimizer step is where a training step's graph ends: run it now, without
+    # waiting for it, so the next step is traced while this one computes.
+    def flush_after_step(optimizer, args, kwargs):
+        if _C.get_mode() != "fused":
+            return
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.device.type == "tpu":
+                    _C.sync(False)
+                    return
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(flush_after_step)
+
+
+_installed = False
+
+
+def install():
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    _patch_printing()
+    _patch_serialization()
+    _patch_optimizers()

@@ -1,0 +1,39 @@
+"""Counters of what torchtpu did: ops traced, graphs compiled, cache hits, transfers, fallbacks."""
+from torchtpu import _C
+
+
+def counters() -> dict:
+    """A snapshot of the counters (see report() for a readable form)."""
+    return _C.counters()
+
+
+def recompilations() -> list:
+    """(python line, reason) for each graph compiled again at a line that compiled before."""
+    return _C.recompilations()
+
+
+def reset() -> None:
+    _C.reset_metrics()
+
+
+def report() -> str:
+    c = counters()
+    lines = ["torchtpu metrics"]
+    for key in ("ops_traced", "graphs_compiled", "cache_hits_memory", "cache_hits_disk", "execute_count",
+                "recompilations", "donated_buffers"):
+        lines.append(f"  {key:<18} {c[key]}")
+    lines.append(f"  {'compile_seconds':<18} {c['compile_seconds']:.3f}")
+    lines.append(f"  {'bytes_to_device':<18} {c['bytes_to_device']}")
+    lines.append(f"  {'bytes_to_host':<18} {c['bytes_to_host']}")
+    if c["fallback_ops"]:
+        lines.append("  ops run on CPU (no tpu lowering yet):")
+        for op, count in sorted(c["fallback_ops"].items(), key=lambda kv: -kv[1]):
+            lines.append(f"    {op:<40} {count}")
+    else:
+        lines.append("  ops run on CPU: none")
+    recompiled = recompilations()
+    if recompiled:
+        lines.append("  recompilations (where the new graph started, and what changed):")
+        for origin, reason in recompiled:
+            lines.append(f"    {origin}: {reason}")
+    return "\n".join(lines)
