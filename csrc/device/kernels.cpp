@@ -427,11 +427,80 @@ bool decompose_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   return true;
 }
 
+// The functional op of an in-place (add_) or out= (add.out) op, if it has a lowering.
+std::optional<c10::OperatorHandle> functional_counterpart(const c10::FunctionSchema& schema, bool inplace) {
+  std::string base = schema.name();
+  std::string overload = schema.overload_name();
+  std::vector<std::string> candidates;
+  if (inplace) {
+    base.pop_back();
+    candidates = {overload};
+  } else if (overload == "out") {
+    candidates = {"", "Tensor", "default"};
+  } else if (overload.size() > 4 && overload.compare(overload.size() - 4, 4, "_out") == 0) {
+    candidates = {overload.substr(0, overload.size() - 4)};
+  } else {
+    return std::nullopt;
+  }
+  for (const auto& o : candidates) {
+    std::string full = o.empty() ? base : base + "." + o;
+    if (!find_lowering(full)) continue;
+    if (auto handle = c10::Dispatcher::singleton().findOp({base, o})) return handle;
+  }
+  return std::nullopt;
+}
+
+void write_value(const at::Tensor& dst, const at::Tensor& result) {
+  at::Tensor inner = unwrap(dst);
+  auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
+  TORCH_CHECK(impl, "torchtpu: in-place destination is not a tpu tensor");
+  impl->set_value(convert_value(value_of(result, dst.device().index()), to_dtype(dst.scalar_type())));
+  if (at::functionalization::impl::isFunctionalTensor(dst)) at::functionalization::impl::replace_(dst, inner);
+}
+
+// An in-place or out= op on inner tensors (PyTorch's composite kernels issue these on fresh
+// tensors below functionalization): run the functional op, then store into the written args.
+bool lower_mutable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  bool inplace = !schema.name().empty() && schema.name().back() == '_' && !arguments.empty() &&
+                 arguments[0].alias_info() && arguments[0].alias_info()->isWrite();
+  auto functional = functional_counterpart(schema, inplace);
+  if (!functional) return false;
+  size_t n = arguments.size();
+  std::vector<c10::IValue> args(stack->end() - n, stack->end());
+  torch::jit::Stack call;
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < n; ++i) {
+    bool is_written = arguments[i].alias_info() && arguments[i].alias_info()->isWrite();
+    if (is_written) {
+      if (!args[i].isTensor() || !is_tpu(args[i].toTensor())) return false;
+      written.push_back(args[i].toTensor());
+      if (!inplace) continue;  // out= arguments are not inputs
+    }
+    call.push_back(args[i]);
+  }
+  if (call.size() != functional->schema().arguments().size()) return false;
+  const LoweringRule* rule = find_lowering(op_name(*functional));
+  if (!lower_op(*functional, rule, &call)) return false;
+  std::vector<at::Tensor> results;
+  for (const auto& r : call) {
+    if (r.isTensor()) results.push_back(r.toTensor());
+    else if (r.isTensorList()) for (const at::Tensor& t : r.toTensorList()) results.push_back(t);
+  }
+  if (results.size() < written.size()) return false;
+  for (size_t i = 0; i < written.size(); ++i) write_value(written[i], results[i]);
+  torch::jit::drop(*stack, n);
+  for (size_t i = 0; i < schema.returns().size() && i < written.size(); ++i) stack->push_back(written[i]);
+  return true;
+}
+
 void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   translate_errors([&] {
     std::string name = op_name(op);
     const LoweringRule* rule = find_lowering(name);
     if (rule && !op.schema().is_mutable() && lower_op(op, rule, stack)) return;
+    if (!rule && op.schema().is_mutable() && lower_mutable(op, stack)) return;
     if (!rule && name.rfind("aten::_foreach_", 0) == 0 && !op.schema().is_mutable() && decompose_foreach(op, stack))
       return;
     cpu_fallback(op, stack);
@@ -550,6 +619,18 @@ at::Tensor tpu_to_copy(const at::Tensor& self, std::optional<at::ScalarType> dty
   });
 }
 
+// resize_ on an inner tensor (out= kernels resize their outputs): new contents are zeros.
+const at::Tensor& tpu_resize(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat>) {
+  return translate_errors([&]() -> const at::Tensor& {
+    if (self.sizes() == size) return self;
+    at::Tensor inner = unwrap(self);
+    auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
+    TORCH_CHECK(impl, "torchtpu: resize_ of a non-tpu tensor");
+    impl->set_value(zeros_value(TensorType{size.vec(), to_dtype(self.scalar_type())}, self.device().index()));
+    return self;
+  });
+}
+
 c10::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
   return translate_errors([&] {
     at::Tensor host = download(value_of(self, self.device().index()));
@@ -601,6 +682,7 @@ void register_kernels() {
   aten.impl("empty_strided", TORCH_FN(tpu_empty_strided));
   aten.impl("_copy_from", TORCH_FN(tpu_copy_from));
   aten.impl("copy", TORCH_FN(tpu_copy));
+  aten.impl("resize_", TORCH_FN(tpu_resize));
   aten.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));
   aten.impl("_to_copy", TORCH_FN(tpu_to_copy));
   aten.impl("_local_scalar_dense", TORCH_FN(tpu_local_scalar_dense));

@@ -1,0 +1,39 @@
+"""Test setup: every test runs in each eager mode unless it asks for specific ones with
+@pytest.mark.modes("fused", ...). The CPU result is the oracle."""
+import os
+import tempfile
+
+# A private compilation cache per test session, so runs never depend on each other.
+os.environ.setdefault("TORCHTPU_CACHE_DIR", tempfile.mkdtemp(prefix="torchtpu-test-cache-"))
+os.environ.setdefault("TORCHTPU_FALLBACK", "warn")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torchtpu  # noqa: E402
+
+MODES = ("debug", "strict", "fused")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "modes(*names): run the test only in these eager modes")
+
+
+def pytest_generate_tests(metafunc):
+    if "mode" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("modes")
+        modes = marker.args if marker else MODES
+        metafunc.parametrize("mode", modes, indirect=True)
+
+
+@pytest.fixture
+def mode(request):
+    with torchtpu.mode(request.param):
+        yield request.param
+    torchtpu.sync(wait=True)
+
+
+@pytest.fixture(autouse=True)
+def _all_tests_use_a_mode(request):
+    # Tests that do not take `mode` run in the default (fused) mode.
+    yield

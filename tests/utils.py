@@ -1,0 +1,65 @@
+"""Helpers that compare an operation on tpu against the same operation on CPU."""
+import torch
+
+import torchtpu
+
+
+def to_tpu(obj):
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().to("tpu")
+        return t.requires_grad_(obj.requires_grad) if obj.is_floating_point() else t
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_tpu(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: to_tpu(v) for k, v in obj.items()}
+    return obj
+
+
+def to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(o) for o in obj)
+    return obj
+
+
+def assert_close(actual, expected, rtol=1e-5, atol=1e-5, equal_nan=True):
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual)}"
+        actual = actual.detach().cpu()
+        assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+        torch.testing.assert_close(actual, expected.detach(), rtol=rtol, atol=atol, equal_nan=equal_nan)
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_close(a, e, rtol=rtol, atol=atol, equal_nan=equal_nan)
+    else:
+        assert actual == expected, f"{actual!r} != {expected!r}"
+
+
+def check(fn, *args, rtol=1e-5, atol=1e-5, grad=False, no_fallback=True, **kwargs):
+    """Runs fn on CPU args and on their tpu copies; compares outputs (and input gradients
+    of a sum of the outputs when grad=True). Fails if anything fell back to CPU."""
+    cpu_args = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                for a in args]
+    tpu_args = [to_tpu(a) for a in cpu_args]
+    before = dict(torchtpu.metrics.counters()["fallback_ops"])
+    expected = fn(*cpu_args, **kwargs)
+    actual = fn(*tpu_args, **kwargs)
+    assert_close(actual, expected, rtol=rtol, atol=atol)
+    if grad:
+        def total(out):
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            return sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs) if o.is_floating_point())
+        total(expected).backward()
+        total(actual).backward()
+        for c, t in zip(cpu_args, tpu_args):
+            if isinstance(c, torch.Tensor) and c.requires_grad:
+                assert t.grad is not None, "no gradient reached a tpu input"
+                assert_close(t.grad, c.grad, rtol=rtol, atol=atol)
+    if no_fallback:
+        after = torchtpu.metrics.counters()["fallback_ops"]
+        new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+        assert not new, f"ops fell back to CPU: {new}"
+    return actual
