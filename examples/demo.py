@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -62,12 +63,17 @@ def get_batch(data: torch.Tensor, batch: int, seq: int, gen: torch.Generator):
 
 
 def train(model, opt, data, args, device, label):
-    """Train for args.steps steps; returns (per-step losses, steady-state tokens/s)."""
+    """Train for args.steps steps; returns (per-step losses, steady-state tokens/s).
+
+    Throughput is the median over logging intervals, leaving out the first
+    (which includes compilation / warm-up), so brief stalls from other
+    processes on the machine do not dominate it.
+    """
     gen = torch.Generator().manual_seed(args.seed)
     tokens_per_step = args.batch * model.cfg.block_size
     losses, pending = [], []
     interval_start = time.perf_counter()
-    steady_tokens, steady_time = 0, 0.0
+    rates = []
     bar_width = 24
     model.train()
     for step in range(1, args.steps + 1):
@@ -81,8 +87,7 @@ def train(model, opt, data, args, device, label):
             now = time.perf_counter()
             tok_s = n_steps * tokens_per_step / (now - interval_start)
             if step > args.log_every:  # the first interval includes compilation / warm-up
-                steady_tokens += n_steps * tokens_per_step
-                steady_time += now - interval_start
+                rates.append(tok_s)
             interval_start = now
             if label:
                 filled = bar_width * step // args.steps
@@ -92,7 +97,7 @@ def train(model, opt, data, args, device, label):
                     step % (10 * args.log_every) == 0
                 print(f"{label} step {step:4d}/{args.steps} [{bar}] loss {losses[-1]:.3f}"
                       f"  {tok_s:8.0f} tok/s", end="\n" if keep else "\r", flush=True)
-    throughput = steady_tokens / steady_time if steady_time > 0 else float("nan")
+    throughput = statistics.median(rates) if rates else float("nan")
     return losses, throughput
 
 
