@@ -30,8 +30,6 @@ def _check_dependencies():
 
 def _initialize():
     _check_dependencies()
-    if torch._C._get_privateuse1_backend_name() != "tpu":
-        torch.utils.rename_privateuse1_backend("tpu")
     from torchtpu import _C
 
     requested = os.environ.get("TORCHTPU_PLATFORM", "").strip().lower()
@@ -52,6 +50,11 @@ def _initialize():
     if os.environ.get("TORCHTPU_MAX_PENDING_OPS"):
         _C.set_max_pending_ops(int(os.environ["TORCHTPU_MAX_PENDING_OPS"]))
     _C.set_mode(os.environ.get("TORCHTPU_MODE", "fused").strip().lower() or "fused")
+
+    # Only now, with the runtime up, does PyTorch learn the device name: a failed start
+    # leaves torch exactly as it was.
+    if torch._C._get_privateuse1_backend_name() != "tpu":
+        torch.utils.rename_privateuse1_backend("tpu")
 
     from torchtpu import device_module
 

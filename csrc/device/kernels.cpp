@@ -4,10 +4,12 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_to_copy.h>
+#include <ATen/ops/copy.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include <unordered_map>
@@ -663,6 +665,29 @@ at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::Scala
   return at::functionalization::impl::to_functional_tensor(out);
 }
 
+// copy_ at the ADInplaceOrView key (same as PyTorch's generated kernel) plus one case:
+// host_tensor.copy_(tpu_tensor). Functionalization rejects mutating a plain tensor from a
+// functional one unless the source is an XLA tensor; a tpu source must be allowed too.
+at::Tensor& copy_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (is_tpu(src) && at::functionalization::impl::isFunctionalTensor(src) &&
+      !at::functionalization::impl::isFunctionalTensor(self)) {
+    at::Tensor inner = unwrap(src);
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      at::AutoDispatchSkipFunctionalize skip;
+      self.copy_(inner, non_blocking);
+    }
+    torch::autograd::impl::bump_version(self);
+    return self;
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::_ops::copy_::redispatch(ks & c10::after_ADInplaceOrView_keyset, self, src, non_blocking);
+  }
+  torch::autograd::impl::bump_version(self);
+  return self;
+}
+
 }  // namespace
 
 void register_kernels() {
@@ -698,6 +723,8 @@ void register_kernels() {
   }
   static torch::Library functionalize(torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
   functionalize.impl("_to_copy", TORCH_FN(to_copy_functionalize));
+  static torch::Library inplace_or_view(torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
+  inplace_or_view.impl("copy_", TORCH_FN(copy_inplace_or_view));
 }
 
 }  // namespace torchtpu

@@ -64,7 +64,7 @@ void TpuTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>&
 
 DType to_dtype(c10::ScalarType type) {
   int code = static_cast<int>(type);
-  TORCH_CHECK_TYPE(is_supported_dtype(code), "torchtpu: dtype ", type,
+  TORCH_CHECK_TYPE(is_supported_dtype(code), "torchtpu: dtype torch.", c10::getDtypeNames(type).first,
                    " is not supported on tpu; supported dtypes are float32, bfloat16, float16, float64, int64, "
                    "int32, int16, int8, uint8 and bool");
   return static_cast<DType>(code);

@@ -410,7 +410,8 @@ ExecutablePtr Engine::compile_graph(Graph& g) {
 
   std::string key;
   if (!cache_dir_.empty()) {
-    key = disk_cache_key(text, rt.version());
+    // Executables are bound to their device: the device index is part of the key.
+    key = disk_cache_key(text, rt.version() + " device " + std::to_string(g.device));
     if (auto bytes = disk_cache_load(cache_dir_, key, hooks_.warn)) {
       try {
         ExecutablePtr exe = rt.deserialize(*bytes, g.device);

@@ -61,14 +61,6 @@ struct JaxExecutable final : Executable {
   }
 };
 
-const char* numpy_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::BFloat16: return "bfloat16";
-    case DType::Bool: return "bool";
-    default: return dtype_name(dtype);
-  }
-}
-
 // Host memory owned by a DLManagedTensor we built ourselves.
 struct OwnedHostTensor {
   DLManagedTensor managed;
@@ -106,7 +98,14 @@ class JaxlibRuntime final : public Runtime {
     py::object version = py::module_::import("jaxlib.version").attr("__version__");
     version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
                client_.attr("platform_version").cast<std::string>();
-    if (platform_ != "cpu") numpy_ = py::module_::import("numpy");
+    numpy_ = py::module_::import("numpy");
+    if (platform_ != "cpu") {
+      // Host data reaches an accelerator through the CPU client (DLPack keeps int64 and
+      // bfloat16 intact) and jax's device_put, which copies it over.
+      py::object cpu = py::module_::import("jax._src.xla_bridge").attr("get_backend")("cpu");
+      host_device_ = cpu.attr("local_devices")()[py::int_(0)];
+      device_put_ = py::module_::import("jax").attr("device_put");
+    }
   }
 
   const std::string& platform() const override { return platform_; }
@@ -118,8 +117,7 @@ class JaxlibRuntime final : public Runtime {
     try {
       py::list devices;
       devices.append(devices_[device]);
-      py::object exe = client_.attr("compile_and_load")(py::bytes(module_text), devices,
-                                                        xla_client_.attr("CompileOptions")());
+      py::object exe = client_.attr("compile_and_load")(py::bytes(module_text), devices, compile_options(device));
       return std::make_shared<JaxExecutable>(std::move(exe));
     } catch (py::error_already_set& e) {
       rethrow("compiling a graph", e);
@@ -150,13 +148,6 @@ class JaxlibRuntime final : public Runtime {
 
   BufferPtr upload(DLManagedTensor* host, const TensorType& type, int device) override {
     py::gil_scoped_acquire gil;
-    if (platform_ != "cpu") {
-      // Accelerators take host data through numpy; the DLPack memory is copied.
-      py::object array = host_to_numpy(host->dl_tensor.data, type);
-      BufferPtr buffer = put_numpy(array, type, device);
-      if (host->deleter) host->deleter(host);
-      return buffer;
-    }
     py::capsule capsule(host, "dltensor", [](PyObject* object) {
       if (PyCapsule_IsValid(object, "dltensor")) {
         auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(object, "dltensor"));
@@ -165,6 +156,10 @@ class JaxlibRuntime final : public Runtime {
     });
     try {
       if (device < 0 || device >= static_cast<int>(devices_.size())) throw std::logic_error("torchtpu: bad device index " + std::to_string(device) + " of " + std::to_string(devices_.size()));
+      if (platform_ != "cpu") {
+        py::object staged = jax_module_.attr("dlpack_managed_tensor_to_buffer")(capsule, host_device_, py::none());
+        return std::make_shared<JaxBuffer>(device_put_(staged, devices_[device]), type, device);
+      }
       py::object array = jax_module_.attr("dlpack_managed_tensor_to_buffer")(capsule, devices_[device], py::none());
       return std::make_shared<JaxBuffer>(std::move(array), type, device);
     } catch (py::error_already_set& e) {
@@ -239,8 +234,7 @@ class JaxlibRuntime final : public Runtime {
       py::list devices;
       devices.append(devices_[device]);
       py::object device_list = jax_module_.attr("DeviceList")(py::tuple(devices));
-      py::object exe = client_.attr("deserialize_executable")(py::bytes(bytes), device_list,
-                                                              xla_client_.attr("CompileOptions")());
+      py::object exe = client_.attr("deserialize_executable")(py::bytes(bytes), device_list, compile_options(device));
       return std::make_shared<JaxExecutable>(std::move(exe));
     } catch (py::error_already_set& e) {
       rethrow("loading a cached executable", e);
@@ -248,30 +242,22 @@ class JaxlibRuntime final : public Runtime {
   }
 
  private:
-  py::object host_to_numpy(const void* data, const TensorType& type) {
-    py::object dtype = type.dtype == DType::BFloat16
-                           ? numpy_.attr("uint16")
-                           : numpy_.attr("dtype")(numpy_dtype_name(type.dtype));
-    py::bytes raw(static_cast<const char*>(data), static_cast<size_t>(type.nbytes()));
-    py::object array = numpy_.attr("frombuffer")(raw, dtype).attr("reshape")(py::cast(type.shape));
-    if (type.dtype == DType::BFloat16)
-      array = array.attr("view")(py::module_::import("ml_dtypes").attr("bfloat16"));
-    return array;
-  }
-
-  BufferPtr put_numpy(py::object array, const TensorType& type, int device) {
-    try {
-      py::object buffer = client_.attr("buffer_from_pyval")(array, devices_[device]);
-      return std::make_shared<JaxBuffer>(std::move(buffer), type, device);
-    } catch (py::error_already_set& e) {
-      rethrow("copying a tensor to the device", e);
-    }
+  // Options that bind an executable to one device (the default assignment is device 0).
+  py::object compile_options(int device) {
+    py::object options = xla_client_.attr("CompileOptions")();
+    py::object id = devices_[device].attr("id");
+    py::object assignment = numpy_.attr("array")(py::make_tuple(py::make_tuple(id)));
+    options.attr("executable_build_options").attr("device_assignment") =
+        xla_client_.attr("DeviceAssignment").attr("create")(assignment);
+    return options;
   }
 
   py::object client_;
   py::object xla_client_;
   py::object jax_module_;
   py::object numpy_;
+  py::object host_device_;
+  py::object device_put_;
   py::list devices_;
   std::string platform_;
   std::string version_;

@@ -181,6 +181,11 @@ V LoweringContext::convert(const V& x, DType dtype) {
     V zero = constant(0, x.type.dtype, x.type.shape);
     return compare("NE", x, zero);
   }
+  if (is_floating(x.type.dtype) && (dtype == DType::UInt8 || dtype == DType::Int8 || dtype == DType::Int16)) {
+    // PyTorch's CPU casts truncate to a wide integer and wrap; XLA would saturate.
+    V wide = emit("stablehlo.convert", {x}, TensorType{x.type.shape, DType::Int64});
+    return emit("stablehlo.convert", {wide}, TensorType{x.type.shape, dtype});
+  }
   return emit("stablehlo.convert", {x}, TensorType{x.type.shape, dtype});
 }
 
