@@ -312,7 +312,9 @@ void set_fallback_policy(const std::string& policy) {
 }
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  std::string name = op_name(op);
+  // PyTorch's structured kernels reach us as `op.out` after allocating the output; users
+  // know the op by its functional name.
+  std::string name = op.operator_name().overload_name == "out" ? op.operator_name().name : op_name(op);
   if (g_fallback_policy == 1)
     TORCH_CHECK_NOT_IMPLEMENTED(false, "torchtpu: op ", name, " has no tpu lowering and TORCHTPU_FALLBACK=error; "
                                 "set TORCHTPU_FALLBACK=warn to run it on CPU");

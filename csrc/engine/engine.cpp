@@ -183,7 +183,8 @@ void Engine::sync(bool wait) {
   if (!runtime_initialized()) return;
   for (int d = 0; d < runtime().device_count(); ++d) flush_locked(d);
   if (wait) {
-    for (const BufferPtr& b : last_results_) runtime().wait(*b);
+    for (const auto& weak : last_results_)
+      if (BufferPtr b = weak.lock()) runtime().wait(*b);
     last_results_.clear();
   }
 }

@@ -95,7 +95,7 @@ class Engine {
   int64_t max_pending_ops_ = 10000;
   std::unordered_map<uint64_t, CachedGraph> memory_cache_;
   std::map<std::string, std::vector<std::string>> last_signature_by_origin_;
-  std::vector<BufferPtr> last_results_;
+  std::vector<std::weak_ptr<DeviceBuffer>> last_results_;  // weak: must not block donation
   std::string cache_dir_;
   std::string dump_dir_;
   Metrics metrics_;
