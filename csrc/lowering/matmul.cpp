@@ -1,4 +1,4 @@
-// Matrix products: mm, bmm, addmm, baddbmm.
+// Matrix products: mm, bmm, addmm, baddbmm, mv, addmv, dot, addbmm.
 #include "lowering/common.h"
 
 namespace torchtpu {
@@ -36,7 +36,41 @@ void lower_addmm(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.binary("stablehlo.add", self, product));
 }
 
+// mv(self, vec), dot(self, tensor): contract the last dim of self with the vector.
+void lower_mv_dot(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = ctx.convert(ctx.input(node, 0), out.dtype);
+  V b = ctx.convert(ctx.input(node, 1), out.dtype);
+  ctx.set_result(ctx.dot_general(a, b, {}, {}, {a.type.rank() - 1}, {0}, out));
+}
+
+// addmv(self, mat, vec, beta, alpha) and addbmm(self, batch1, batch2, beta, alpha):
+// beta * self + alpha * product (addbmm sums the batch of products).
+void lower_addmv_addbmm(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = ctx.convert(ctx.input(node, 1), out.dtype);
+  V b = ctx.convert(ctx.input(node, 2), out.dtype);
+  V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {}, {}, {0, 2}, {0, 1}, out)  // sum over batch and k
+                                 : ctx.dot_general(a, b, {}, {}, {1}, {0}, out);
+  const Arg& beta = node.args[3];
+  const Arg& alpha = node.args[4];
+  if (alpha.lifted || alpha.as_double() != 1.0)
+    product = ctx.binary("stablehlo.multiply", product, ctx.broadcast_to(ctx.scalar(node, 4, out.dtype), out.shape));
+  if (!beta.lifted && beta.as_double() == 0.0) {
+    ctx.set_result(product);
+    return;
+  }
+  V self = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
+  if (beta.lifted || beta.as_double() != 1.0)
+    self = ctx.binary("stablehlo.multiply", self, ctx.broadcast_to(ctx.scalar(node, 3, out.dtype), out.shape));
+  ctx.set_result(ctx.binary("stablehlo.add", self, product));
+}
+
 LOWERING("aten::mm", lower_matmul);
+LOWERING("aten::mv", lower_mv_dot);
+LOWERING("aten::dot", lower_mv_dot);
+LOWERING("aten::addmv", lower_addmv_addbmm);
+LOWERING("aten::addbmm", lower_addmv_addbmm);
 LOWERING("aten::bmm", lower_matmul);
 LOWERING("aten::addmm", lower_addmm);
 LOWERING("aten::baddbmm", lower_addmm);

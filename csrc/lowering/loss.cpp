@@ -1,0 +1,216 @@
+// Losses: nll_loss(2d) forward/backward, mse, smooth_l1, huber, binary_cross_entropy.
+// reduction: 0 none, 1 mean, 2 sum (at::Reduction).
+#include "lowering/common.h"
+
+namespace torchtpu {
+namespace {
+
+V mul(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.multiply", a, b); }
+V sub(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.subtract", a, b); }
+V div(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.divide", a, b); }
+V full(LoweringContext& ctx, double v, const V& like) { return ctx.constant(v, like.type.dtype, like.type.shape); }
+DType acc_dtype(DType t) { return t == DType::BFloat16 || t == DType::Float16 ? DType::Float32 : t; }
+
+std::vector<int64_t> all_dims(int64_t rank) {
+  std::vector<int64_t> d;
+  for (int64_t i = 0; i < rank; ++i) d.push_back(i);
+  return d;
+}
+
+// Applies the reduction to an elementwise loss and converts to the output type.
+V reduce_loss(LoweringContext& ctx, const V& loss, int64_t reduction, const TensorType& out) {
+  if (reduction == 0) return ctx.convert(loss, out.dtype);
+  V total = sum_dims(ctx, loss, all_dims(loss.type.rank()));
+  if (reduction == 1)
+    total = ctx.binary("stablehlo.divide", total, ctx.constant(static_cast<double>(loss.type.numel()), total.type.dtype));
+  return ctx.reshape(ctx.convert(total, out.dtype), out.shape);
+}
+
+// The incoming gradient of a reduced loss, broadcast to shape (divided by numel for mean).
+V loss_grad(LoweringContext& ctx, const V& grad, int64_t reduction, DType dtype, const std::vector<int64_t>& shape) {
+  V g = ctx.convert(grad, dtype);
+  if (reduction == 0) return ctx.broadcast_to(g, shape);
+  g = ctx.broadcast_to(ctx.reshape(g, {}), shape);
+  if (reduction == 1) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    g = div(ctx, g, ctx.constant(static_cast<double>(n), dtype, shape));
+  }
+  return g;
+}
+
+// -- nll_loss ----------------------------------------------------------------------------------
+
+struct NllParts {
+  V onehot;   // bool, self's shape: the target class of each sample
+  V weight;   // per-sample weight (0 where ignored), target's shape
+  int64_t class_dim;
+};
+
+NllParts nll_parts(LoweringContext& ctx, const Node& node, int self_arg, DType dtype) {
+  V self = ctx.input(node, self_arg);
+  V target = ctx.input(node, self_arg + 1);
+  int weight_arg = self_arg + 2;
+  int64_t ignore = node.args[self_arg + 4].as_int();
+  const auto& shape = self.type.shape;
+  NllParts p;
+  p.class_dim = self.type.rank() == 1 ? 0 : 1;
+  int64_t C = shape[p.class_dim];
+  std::vector<int64_t> target_dims;
+  for (int64_t i = 0; i < self.type.rank(); ++i)
+    if (i != p.class_dim) target_dims.push_back(i);
+  V t = ctx.convert(target, DType::Int64);
+  V classes = ctx.iota(TensorType{shape, DType::Int64}, p.class_dim);
+  p.onehot = ctx.compare("EQ", classes, ctx.broadcast_in_dim(t, shape, target_dims));
+  V w;
+  if (ctx.has_input(node, weight_arg)) {
+    V wb = ctx.broadcast_in_dim(ctx.convert(ctx.input(node, weight_arg), dtype), shape, {p.class_dim});
+    w = sum_dims(ctx, ctx.select(p.onehot, wb, ctx.constant(0, dtype, shape)), {p.class_dim});
+  } else {
+    w = ctx.constant(1, dtype, t.type.shape);
+  }
+  (void)C;
+  V keep = ctx.compare("NE", t, ctx.constant_int(ignore, DType::Int64, t.type.shape));
+  p.weight = ctx.select(keep, w, ctx.constant(0, dtype, t.type.shape));
+  return p;
+}
+
+// nll_loss_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight)
+void lower_nll_loss(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  DType acc = acc_dtype(out.dtype);
+  V self = ctx.convert(ctx.input(node, 0), acc);
+  NllParts p = nll_parts(ctx, node, 0, acc);
+  int64_t reduction = node.args[3].as_int();
+  V picked = sum_dims(ctx, ctx.select(p.onehot, self, full(ctx, 0, self)), {p.class_dim});
+  V loss = ctx.unary("stablehlo.negate", mul(ctx, picked, p.weight));
+  V total_weight = sum_dims(ctx, p.weight, all_dims(p.weight.type.rank()));
+  V output;
+  if (reduction == 0) {
+    output = ctx.convert(loss, out.dtype);
+  } else {
+    V total = sum_dims(ctx, loss, all_dims(loss.type.rank()));
+    if (reduction == 1) total = div(ctx, total, total_weight);
+    output = ctx.reshape(ctx.convert(total, out.dtype), out.shape);
+  }
+  const TensorType& tw = ctx.out(node, 1);
+  ctx.set_results({output, ctx.reshape(ctx.convert(total_weight, tw.dtype), tw.shape)});
+}
+
+// nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)
+void lower_nll_loss_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  DType acc = acc_dtype(out.dtype);
+  NllParts p = nll_parts(ctx, node, 1, acc);
+  int64_t reduction = node.args[4].as_int();
+  V g = ctx.convert(ctx.input(node, 0), acc);
+  if (reduction == 0) {
+    g = mul(ctx, ctx.reshape(g, p.weight.type.shape), p.weight);
+  } else {
+    g = ctx.broadcast_to(ctx.reshape(g, {}), p.weight.type.shape);
+    if (reduction == 1)
+      g = div(ctx, g, ctx.broadcast_to(ctx.reshape(ctx.convert(ctx.input(node, 6), acc), {}), g.type.shape));
+    g = mul(ctx, g, p.weight);
+  }
+  std::vector<int64_t> target_dims;
+  for (int64_t i = 0; i < out.rank(); ++i)
+    if (i != p.class_dim) target_dims.push_back(i);
+  V gb = ctx.broadcast_in_dim(ctx.unary("stablehlo.negate", g), out.shape, target_dims);
+  ctx.set_result(ctx.convert(ctx.select(p.onehot, gb, ctx.constant(0, acc, out.shape)), out.dtype));
+}
+
+// -- elementwise losses --------------------------------------------------------------------------
+
+// Elementwise loss kinds (rule data): "mse", "smooth_l1", "huber", "bce".
+V elementwise_loss(LoweringContext& ctx, const std::string& kind, const V& x, const V& t, double param) {
+  V d = sub(ctx, x, t);
+  if (kind == "mse") return mul(ctx, d, d);
+  V z = ctx.unary("stablehlo.abs", d);
+  if (kind == "smooth_l1") {
+    if (param == 0) return z;
+    V quad = div(ctx, mul(ctx, full(ctx, 0.5, z), mul(ctx, z, z)), full(ctx, param, z));
+    return ctx.select(ctx.compare("LT", z, full(ctx, param, z)), quad, sub(ctx, z, full(ctx, 0.5 * param, z)));
+  }
+  // huber
+  V quad = mul(ctx, full(ctx, 0.5, z), mul(ctx, z, z));
+  V lin = mul(ctx, full(ctx, param, z), sub(ctx, z, full(ctx, 0.5 * param, z)));
+  return ctx.select(ctx.compare("LT", z, full(ctx, param, z)), quad, lin);
+}
+
+// d loss / d x (before the incoming gradient).
+V elementwise_loss_grad(LoweringContext& ctx, const std::string& kind, const V& x, const V& t, double param) {
+  V d = sub(ctx, x, t);
+  if (kind == "mse") return mul(ctx, full(ctx, 2, d), d);
+  V lo = ctx.compare("LE", d, full(ctx, -param, d));
+  V hi = ctx.compare("GE", d, full(ctx, param, d));
+  V mid = kind == "smooth_l1" ? div(ctx, d, full(ctx, param, d)) : d;
+  double edge = kind == "smooth_l1" ? 1.0 : param;
+  return ctx.select(lo, full(ctx, -edge, d), ctx.select(hi, full(ctx, edge, d), mid));
+}
+
+// mse_loss(self, target, reduction) / smooth_l1_loss(..., beta) / huber_loss(..., delta)
+void lower_loss(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  V t0 = ctx.input(node, 1);
+  DType dtype = promote_types(x.type.dtype, t0.type.dtype);
+  std::vector<int64_t> shape = x.type.shape;
+  if (t0.type.rank() > x.type.rank() || t0.type.numel() > x.type.numel()) shape = t0.type.shape;
+  x = to_type(ctx, x, dtype, shape);
+  V t = to_type(ctx, t0, dtype, shape);
+  double param = node.args.size() > 3 ? node.args[3].as_double() : 0.0;
+  ctx.set_result(reduce_loss(ctx, elementwise_loss(ctx, node.rule->data, x, t, param), node.args[2].as_int(), out));
+}
+
+// *_loss_backward(grad_output, self, target, reduction[, param])
+void lower_loss_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = to_type(ctx, ctx.input(node, 1), out.dtype, out.shape);
+  V t = to_type(ctx, ctx.input(node, 2), out.dtype, out.shape);
+  int64_t reduction = node.args[3].as_int();
+  double param = node.args.size() > 4 ? node.args[4].as_double() : 0.0;
+  V g = loss_grad(ctx, ctx.input(node, 0), reduction, out.dtype, out.shape);
+  ctx.set_result(mul(ctx, elementwise_loss_grad(ctx, node.rule->data, x, t, param), g));
+}
+
+// binary_cross_entropy(self, target, weight, reduction): log terms clamped at -100 like PyTorch.
+void lower_bce(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  V t = ctx.convert(ctx.input(node, 1), x.type.dtype);
+  V floor = full(ctx, -100, x);
+  V log_x = ctx.binary("stablehlo.maximum", ctx.unary("stablehlo.log", x), floor);
+  V log_1mx = ctx.binary("stablehlo.maximum", ctx.unary("stablehlo.log", sub(ctx, full(ctx, 1, x), x)), floor);
+  V loss = ctx.unary("stablehlo.negate",
+                     ctx.binary("stablehlo.add", mul(ctx, t, log_x), mul(ctx, sub(ctx, full(ctx, 1, t), t), log_1mx)));
+  if (ctx.has_input(node, 2)) loss = mul(ctx, loss, to_type(ctx, ctx.input(node, 2), x.type.dtype, x.type.shape));
+  ctx.set_result(reduce_loss(ctx, loss, node.args[3].as_int(), out));
+}
+
+// binary_cross_entropy_backward(grad_output, self, target, weight, reduction):
+// grad * (x - t) / max(x * (1 - x), 1e-12) * weight
+void lower_bce_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.convert(ctx.input(node, 1), out.dtype);
+  V t = ctx.convert(ctx.input(node, 2), out.dtype);
+  V denom = ctx.binary("stablehlo.maximum", mul(ctx, x, sub(ctx, full(ctx, 1, x), x)), full(ctx, 1e-12, x));
+  V r = div(ctx, sub(ctx, x, t), denom);
+  if (ctx.has_input(node, 3)) r = mul(ctx, r, to_type(ctx, ctx.input(node, 3), out.dtype, out.shape));
+  ctx.set_result(mul(ctx, r, loss_grad(ctx, ctx.input(node, 0), node.args[4].as_int(), out.dtype, out.shape)));
+}
+
+LOWERING("aten::nll_loss_forward", lower_nll_loss);
+LOWERING("aten::nll_loss2d_forward", lower_nll_loss);
+LOWERING("aten::nll_loss_backward", lower_nll_loss_backward);
+LOWERING("aten::nll_loss2d_backward", lower_nll_loss_backward);
+LOWERING("aten::mse_loss", lower_loss, "mse");
+LOWERING("aten::mse_loss_backward", lower_loss_backward, "mse");
+LOWERING("aten::smooth_l1_loss", lower_loss, "smooth_l1");
+LOWERING("aten::smooth_l1_loss_backward", lower_loss_backward, "smooth_l1");
+LOWERING("aten::huber_loss", lower_loss, "huber");
+LOWERING("aten::huber_loss_backward", lower_loss_backward, "huber");
+LOWERING("aten::binary_cross_entropy", lower_bce);
+LOWERING("aten::binary_cross_entropy_backward", lower_bce_backward);
+
+}  // namespace
+}  // namespace torchtpu

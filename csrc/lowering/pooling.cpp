@@ -1,0 +1,390 @@
+// Pooling and upsampling over the last two dims.
+// avg_pool2d, _adaptive_avg_pool2d, upsample_nearest2d and upsample_bilinear2d are separable
+// linear maps: out = M_h . x . M_w^T with small matrices computed here from the shapes (host
+// constants), and their backward ops apply the transposed matrices. max_pool2d_with_indices
+// is a variadic reduce_window over (value, flat index); its backward scatter-adds by index.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "lowering/common.h"
+
+namespace torchtpu {
+namespace {
+
+using Matrix = std::vector<std::vector<double>>;  // rows x cols
+
+DType acc_dtype(DType t) { return t == DType::BFloat16 || t == DType::Float16 ? DType::Float32 : t; }
+
+Matrix zeros(int64_t rows, int64_t cols) { return Matrix(rows, std::vector<double>(cols, 0.0)); }
+
+Matrix transposed(const Matrix& m) {
+  Matrix t = zeros(m.empty() ? 0 : m[0].size(), m.size());
+  for (size_t i = 0; i < m.size(); ++i)
+    for (size_t j = 0; j < m[i].size(); ++j) t[j][i] = m[i][j];
+  return t;
+}
+
+V matrix_constant(LoweringContext& ctx, const Matrix& m, DType dtype) {
+  int64_t rows = m.size(), cols = rows ? m[0].size() : 0;
+  TensorType type{{rows, cols}, dtype};
+  std::string lit = "[";
+  char buf[64];
+  for (int64_t i = 0; i < rows; ++i) {
+    lit += i ? ", [" : "[";
+    for (int64_t j = 0; j < cols; ++j) {
+      std::snprintf(buf, sizeof(buf), "%.17e", m[i][j]);
+      lit += (j ? ", " : "") + std::string(buf);
+    }
+    lit += "]";
+  }
+  lit += "]";
+  return ctx.emit("stablehlo.constant", {}, type, "value = dense<" + lit + "> : " + type.mlir());
+}
+
+// out[..., i, j] = sum_{h, w} mh[i][h] * x[..., h, w] * mw[j][w]
+V separable(LoweringContext& ctx, const V& x0, const Matrix& mh, const Matrix& mw, const TensorType& out) {
+  DType acc = acc_dtype(out.dtype);
+  V x = ctx.convert(x0, acc);
+  int64_t r = x.type.rank();
+  V cw = matrix_constant(ctx, mw, acc), ch = matrix_constant(ctx, mh, acc);
+  std::vector<int64_t> s1 = x.type.shape;
+  s1[r - 1] = mw.size();
+  V y = ctx.dot_general(x, cw, {}, {}, {r - 1}, {1}, TensorType{s1, acc});  // [..., H, Wo]
+  std::vector<int64_t> s2(s1.begin(), s1.end() - 2);
+  s2.push_back(s1[r - 1]);
+  s2.push_back(mh.size());
+  V z = ctx.dot_general(y, ch, {}, {}, {r - 2}, {1}, TensorType{s2, acc});  // [..., Wo, Ho]
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < r - 2; ++i) perm.push_back(i);
+  perm.push_back(r - 1);
+  perm.push_back(r - 2);
+  return ctx.convert(ctx.transpose(z, perm), out.dtype);
+}
+
+int64_t at(const std::vector<int64_t>& v, size_t i, int64_t fill) {
+  if (v.empty()) return fill;
+  return v.size() > i ? v[i] : v[0];
+}
+
+// -- avg_pool2d ----------------------------------------------------------------------------------
+
+// Averaging matrix of one axis (PyTorch's avg_pool2d window and divisor rules); the
+// divisor_override case divides by `divisor` instead.
+Matrix avg_matrix(int64_t in, int64_t out, int64_t k, int64_t s, int64_t pad, bool count_include_pad,
+                  int64_t divisor) {
+  Matrix m = zeros(out, in);
+  for (int64_t i = 0; i < out; ++i) {
+    int64_t start = i * s - pad;
+    int64_t end = std::min(start + k, in + pad);
+    int64_t pool = end - start;
+    int64_t lo = std::max<int64_t>(start, 0), hi = std::min(end, in);
+    double d = divisor > 0 ? 1.0 : static_cast<double>(count_include_pad ? pool : hi - lo);
+    for (int64_t h = lo; h < hi; ++h) m[i][h] = 1.0 / d;
+  }
+  return m;
+}
+
+void avg_matrices(const Node& node, int kernel_arg, const std::vector<int64_t>& in_shape,
+                  const std::vector<int64_t>& out_shape, Matrix* mh, Matrix* mw) {
+  const auto& k = node.args[kernel_arg].ints;
+  const auto& s = node.args[kernel_arg + 1].ints;
+  const auto& p = node.args[kernel_arg + 2].ints;
+  bool include = node.args[kernel_arg + 4].as_bool();
+  int64_t divisor = node.args[kernel_arg + 5].is_none() ? 0 : node.args[kernel_arg + 5].as_int();
+  int64_t r = in_shape.size();
+  int64_t kh = at(k, 0, 1), kw = at(k, 1, 1);
+  *mh = avg_matrix(in_shape[r - 2], out_shape[r - 2], kh, at(s, 0, kh), at(p, 0, 0), include, divisor);
+  *mw = avg_matrix(in_shape[r - 1], out_shape[r - 1], kw, at(s, 1, kw), at(p, 1, 0), include, divisor);
+  if (divisor > 0)
+    for (auto& row : *mh)
+      for (double& v : row) v /= static_cast<double>(divisor);
+}
+
+// avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+void lower_avg_pool2d(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  Matrix mh, mw;
+  avg_matrices(node, 1, x.type.shape, out.shape, &mh, &mw);
+  ctx.set_result(separable(ctx, x, mh, mw, out));
+}
+
+// avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+void lower_avg_pool2d_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V g = ctx.input(node, 0);
+  Matrix mh, mw;
+  avg_matrices(node, 2, out.shape, g.type.shape, &mh, &mw);
+  ctx.set_result(separable(ctx, g, transposed(mh), transposed(mw), out));
+}
+
+// -- adaptive avg pool ---------------------------------------------------------------------------
+
+Matrix adaptive_matrix(int64_t in, int64_t out) {
+  Matrix m = zeros(out, in);
+  for (int64_t i = 0; i < out; ++i) {
+    int64_t start = (i * in) / out;
+    int64_t end = ((i + 1) * in + out - 1) / out;
+    for (int64_t h = start; h < end; ++h) m[i][h] = 1.0 / static_cast<double>(end - start);
+  }
+  return m;
+}
+
+// _adaptive_avg_pool2d(self, output_size)
+void lower_adaptive_avg_pool2d(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  int64_t r = out.rank();
+  ctx.set_result(separable(ctx, x, adaptive_matrix(x.type.shape[r - 2], out.shape[r - 2]),
+                           adaptive_matrix(x.type.shape[r - 1], out.shape[r - 1]), out));
+}
+
+// _adaptive_avg_pool2d_backward(grad_output, self)
+void lower_adaptive_avg_pool2d_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V g = ctx.input(node, 0);
+  int64_t r = out.rank();
+  ctx.set_result(separable(ctx, g, transposed(adaptive_matrix(out.shape[r - 2], g.type.shape[r - 2])),
+                           transposed(adaptive_matrix(out.shape[r - 1], g.type.shape[r - 1])), out));
+}
+
+// -- upsampling ----------------------------------------------------------------------------------
+
+// PyTorch's area_pixel_compute_scale (float math like the CPU kernels).
+float pixel_scale(int64_t in, int64_t out, bool align_corners, const Arg& scale) {
+  if (align_corners) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  if (!scale.is_none() && scale.as_double() > 0) return static_cast<float>(1.0 / scale.as_double());
+  return static_cast<float>(in) / static_cast<float>(out);
+}
+
+Matrix nearest_matrix(int64_t in, int64_t out, const Arg& scale) {
+  Matrix m = zeros(out, in);
+  float s = pixel_scale(in, out, false, scale);
+  for (int64_t i = 0; i < out; ++i) {
+    int64_t src = std::min(static_cast<int64_t>(std::floor(static_cast<float>(i) * s)), in - 1);
+    m[i][src] = 1.0;
+  }
+  return m;
+}
+
+Matrix bilinear_matrix(int64_t in, int64_t out, bool align_corners, const Arg& scale) {
+  Matrix m = zeros(out, in);
+  float s = pixel_scale(in, out, align_corners, scale);
+  for (int64_t i = 0; i < out; ++i) {
+    float src = align_corners ? s * static_cast<float>(i) : std::max(s * (static_cast<float>(i) + 0.5f) - 0.5f, 0.0f);
+    int64_t i0 = static_cast<int64_t>(src);
+    if (i0 > in - 1) i0 = in - 1;
+    int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);
+    float l1 = src - static_cast<float>(i0);
+    float l0 = 1.0f - l1;
+    m[i][i0] += l0;
+    m[i][i1] += l1;
+  }
+  return m;
+}
+
+// upsample_nearest2d(self, output_size, scales_h, scales_w)
+void lower_upsample_nearest2d(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  ctx.set_result(separable(ctx, x, nearest_matrix(x.type.shape[2], out.shape[2], node.args[2]),
+                           nearest_matrix(x.type.shape[3], out.shape[3], node.args[3]), out));
+}
+
+// upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h, scales_w)
+void lower_upsample_nearest2d_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V g = ctx.input(node, 0);
+  ctx.set_result(separable(ctx, g, transposed(nearest_matrix(out.shape[2], g.type.shape[2], node.args[3])),
+                           transposed(nearest_matrix(out.shape[3], g.type.shape[3], node.args[4])), out));
+}
+
+// upsample_bilinear2d(self, output_size, align_corners, scales_h, scales_w)
+void lower_upsample_bilinear2d(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  bool ac = node.args[2].as_bool();
+  ctx.set_result(separable(ctx, x, bilinear_matrix(x.type.shape[2], out.shape[2], ac, node.args[3]),
+                           bilinear_matrix(x.type.shape[3], out.shape[3], ac, node.args[4]), out));
+}
+
+// upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h, scales_w)
+void lower_upsample_bilinear2d_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V g = ctx.input(node, 0);
+  bool ac = node.args[3].as_bool();
+  ctx.set_result(separable(ctx, g, transposed(bilinear_matrix(out.shape[2], g.type.shape[2], ac, node.args[4])),
+                           transposed(bilinear_matrix(out.shape[3], g.type.shape[3], ac, node.args[5])), out));
+}
+
+// -- max pooling ---------------------------------------------------------------------------------
+
+// Reduction body over (value, index) pairs: the larger value, the earlier index on ties, a
+// NaN over a number (CPU's choice).
+std::string argmax_body(LoweringContext& ctx, DType dt) {
+  TensorType sv{{}, dt}, si{{}, DType::Int64};
+  return ctx.region({sv, si, sv, si}, [&](const std::vector<V>& a) {
+    V av = a[0], ai = a[1], bv = a[2], bi = a[3];
+    V b_nan = ctx.compare("NE", bv, bv), a_nan = ctx.compare("NE", av, av);
+    V gt = ctx.compare("GT", bv, av);
+    V eq = ctx.compare("EQ", bv, av);
+    V earlier = ctx.compare("LT", bi, ai);
+    V both_nan = ctx.binary("stablehlo.and", b_nan, a_nan);
+    V take = ctx.binary("stablehlo.or", gt, ctx.binary("stablehlo.and", eq, earlier));
+    take = ctx.binary("stablehlo.or", take, ctx.binary("stablehlo.and", b_nan, ctx.unary("stablehlo.not", a_nan)));
+    take = ctx.binary("stablehlo.or", take, ctx.binary("stablehlo.and", both_nan, earlier));
+    return std::vector<V>{ctx.select(take, bv, av), ctx.select(take, bi, ai)};
+  });
+}
+
+// Max over windows of x [..., H, W] returning (values, flat h*W+w indices), CPU's choice on
+// ties (first in the window) and NaN (a NaN wins).
+std::vector<V> max_window(LoweringContext& ctx, const V& x, const std::vector<int64_t>& kernel,
+                          const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
+                          const std::vector<int64_t>& dilation, const TensorType& out, const TensorType& idx_type) {
+  int64_t r = x.type.rank();
+  int64_t H = x.type.shape[r - 2], W = x.type.shape[r - 1];
+  TensorType it{x.type.shape, DType::Int64};
+  V hi = ctx.iota(it, r - 2), wi = ctx.iota(it, r - 1);
+  V flat = ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", hi, ctx.constant_int(W, DType::Int64, it.shape)), wi);
+  DType dt = x.type.dtype;
+  std::string body = argmax_body(ctx, dt);
+  std::vector<int64_t> dims(r, 1), strides(r, 1), base(r, 1), wdil(r, 1);
+  dims[r - 2] = kernel[0];
+  dims[r - 1] = kernel[1];
+  strides[r - 2] = stride[0];
+  strides[r - 1] = stride[1];
+  wdil[r - 2] = dilation[0];
+  wdil[r - 1] = dilation[1];
+  std::string padding = "dense<[";
+  int64_t sizes[2] = {H, W};
+  for (int64_t i = 0; i < r; ++i) {
+    int64_t lo = 0, hi = 0;
+    if (i >= r - 2) {
+      int64_t k = i - (r - 2);
+      lo = pad_lo[k];
+      hi = std::max<int64_t>((out.shape[i] - 1) * stride[k] + dilation[k] * (kernel[k] - 1) + 1 - sizes[k] - lo, 0);
+    }
+    padding += (i ? ", [" : "[") + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  }
+  padding += "]> : tensor<" + std::to_string(r) + "x2xi64>";
+  V init_v = lowest_scalar(ctx, dt);
+  V init_i = ctx.constant_int(std::numeric_limits<int64_t>::max(), DType::Int64);
+  std::string attrs = "window_dimensions = " + format_dims(dims) + ", window_strides = " + format_dims(strides) +
+                      ", base_dilations = " + format_dims(base) + ", window_dilations = " + format_dims(wdil) +
+                      ", padding = " + padding;
+  return ctx.emit_multi("stablehlo.reduce_window", {x, flat, init_v, init_i}, {out, idx_type}, attrs, body);
+}
+
+// max_pool2d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode)
+void lower_max_pool2d(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  const auto& k = node.args[1].ints;
+  int64_t kh = at(k, 0, 1), kw = at(k, 1, 1);
+  const auto& s = node.args[2].ints;
+  const auto& p = node.args[3].ints;
+  const auto& d = node.args[4].ints;
+  ctx.set_results(max_window(ctx, x, {kh, kw}, {at(s, 0, kh), at(s, 1, kw)}, {at(p, 0, 0), at(p, 1, 0)},
+                             {at(d, 0, 1), at(d, 1, 1)}, out, ctx.out(node, 1)));
+}
+
+// adaptive_max_pool2d(self, output_size): a regular max pool when the sizes divide evenly.
+void lower_adaptive_max_pool2d(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  int64_t r = x.type.rank();
+  int64_t H = x.type.shape[r - 2], W = x.type.shape[r - 1], Ho = out.shape[r - 2], Wo = out.shape[r - 1];
+  if (H % Ho == 0 && W % Wo == 0) {
+    ctx.set_results(max_window(ctx, x, {H / Ho, W / Wo}, {H / Ho, W / Wo}, {0, 0}, {1, 1}, out, ctx.out(node, 1)));
+    return;
+  }
+  // Uneven windows: every output cell masks the whole plane ([..., Ho, Wo, H, W]) and reduces.
+  std::vector<int64_t> big(x.type.shape.begin(), x.type.shape.end() - 2);
+  for (int64_t d : {Ho, Wo, H, W}) big.push_back(d);
+  std::vector<int64_t> cell = {Ho, Wo, H, W};
+  auto member = [&](int64_t out_dim, int64_t in_dim, int64_t in, int64_t outn) {
+    TensorType t{cell, DType::Int64};
+    V i = ctx.iota(t, out_dim), h = ctx.iota(t, in_dim);
+    auto c = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, cell); };
+    V start = ctx.binary("stablehlo.divide", ctx.binary("stablehlo.multiply", i, c(in)), c(outn));
+    V end = ctx.binary("stablehlo.divide",
+                       ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", ctx.binary("stablehlo.add", i, c(1)), c(in)),
+                                  c(outn - 1)),
+                       c(outn));
+    return ctx.binary("stablehlo.and", ctx.compare("GE", h, start), ctx.compare("LT", h, end));
+  };
+  V mask = ctx.binary("stablehlo.and", member(0, 2, H, Ho), member(1, 3, W, Wo));
+  std::vector<int64_t> lead;
+  for (int64_t i = 0; i < r - 2; ++i) lead.push_back(i);
+  std::vector<int64_t> xdims = lead;
+  xdims.push_back(r);
+  xdims.push_back(r + 1);
+  std::vector<int64_t> mdims = {r - 2, r - 1, r, r + 1};
+  V xb = ctx.broadcast_in_dim(x, big, xdims);
+  V mb = ctx.broadcast_in_dim(mask, big, mdims);
+  TensorType it{{H, W}, DType::Int64};
+  V flat = ctx.binary("stablehlo.add",
+                      ctx.binary("stablehlo.multiply", ctx.iota(it, 0), ctx.constant_int(W, DType::Int64, {H, W})),
+                      ctx.iota(it, 1));
+  V ib = ctx.broadcast_in_dim(flat, big, {r, r + 1});
+  V vals = ctx.select(mb, xb, ctx.broadcast_to(lowest_scalar(ctx, x.type.dtype), big));
+  V idx = ctx.select(mb, ib, ctx.constant_int(std::numeric_limits<int64_t>::max(), DType::Int64, big));
+  V init_v = lowest_scalar(ctx, x.type.dtype);
+  V init_i = ctx.constant_int(std::numeric_limits<int64_t>::max(), DType::Int64);
+  std::string body = argmax_body(ctx, x.type.dtype);
+  ctx.set_results(ctx.emit_multi("stablehlo.reduce", {vals, idx, init_v, init_i}, {out, ctx.out(node, 1)},
+                                 "dimensions = " + format_dims({r, r + 1}), body));
+}
+
+// Scatter-adds grad [..., Ho, Wo] into [..., H, W] at flat per-plane indices.
+V scatter_by_index(LoweringContext& ctx, const V& grad, const V& indices, const TensorType& out) {
+  DType acc = acc_dtype(out.dtype);
+  int64_t r = out.rank();
+  int64_t planes = 1;
+  for (int64_t i = 0; i < r - 2; ++i) planes *= out.shape[i];
+  int64_t hw = out.shape[r - 2] * out.shape[r - 1];
+  int64_t L = grad.type.numel() / std::max<int64_t>(planes, 1);
+  V g = ctx.reshape(ctx.convert(grad, acc), {planes, L});
+  V idx = ctx.reshape(ctx.convert(indices, DType::Int64), {planes, L, 1});
+  V plane = ctx.iota(TensorType{{planes, L, 1}, DType::Int64}, 0);
+  V full_idx = ctx.concatenate({plane, idx}, 2);
+  V zeros = ctx.constant(0, acc, {planes, hw});
+  TensorType s{{}, acc};
+  std::string body = ctx.region({s, s}, [&](const std::vector<V>& a) {
+    return std::vector<V>{ctx.binary("stablehlo.add", a[0], a[1])};
+  });
+  std::string attrs =
+      "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], "
+      "scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, indices_are_sorted = false, "
+      "unique_indices = false";
+  V r0 = ctx.emit("stablehlo.scatter", {zeros, full_idx, g}, zeros.type, attrs, body);
+  return ctx.convert(ctx.reshape(r0, out.shape), out.dtype);
+}
+
+// max_pool2d_with_indices_backward(grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices)
+void lower_max_pool2d_backward(LoweringContext& ctx, const Node& node) {
+  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 7), ctx.out(node)));
+}
+
+// adaptive_max_pool2d_backward(grad_output, self, indices)
+void lower_adaptive_max_pool2d_backward(LoweringContext& ctx, const Node& node) {
+  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 2), ctx.out(node)));
+}
+
+LOWERING("aten::avg_pool2d", lower_avg_pool2d);
+LOWERING("aten::avg_pool2d_backward", lower_avg_pool2d_backward);
+LOWERING("aten::_adaptive_avg_pool2d", lower_adaptive_avg_pool2d);
+LOWERING("aten::_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool2d_backward);
+LOWERING("aten::upsample_nearest2d", lower_upsample_nearest2d);
+LOWERING("aten::upsample_nearest2d_backward", lower_upsample_nearest2d_backward);
+LOWERING("aten::upsample_bilinear2d", lower_upsample_bilinear2d);
+LOWERING("aten::upsample_bilinear2d_backward", lower_upsample_bilinear2d_backward);
+LOWERING("aten::max_pool2d_with_indices", lower_max_pool2d);
+LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool2d_backward);
+LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool2d);
+LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool2d_backward);
+
+}  // namespace
+}  // namespace torchtpu
