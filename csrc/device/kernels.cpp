@@ -56,7 +56,9 @@ bool is_number_type(const c10::TypePtr& type) {
 // Output types from PyTorch's meta kernels (cached per node signature).
 
 struct OutputSignature {
-  std::vector<int> list_sizes;  // per return: -1 for a Tensor, N for a Tensor[] of N
+  // per return: -1 for a Tensor, -2 for an undefined Tensor (masked-out backward outputs),
+  // N for a Tensor[] of N. Only defined tensors become node outputs.
+  std::vector<int> list_sizes;
   std::vector<TensorType> types;
 };
 
@@ -101,7 +103,9 @@ OutputSignature infer_outputs(const c10::OperatorHandle& op, const std::vector<c
   }
   OutputSignature sig;
   for (const c10::IValue& r : meta) {
-    if (r.isTensor()) {
+    if (r.isTensor() && !r.toTensor().defined()) {
+      sig.list_sizes.push_back(-2);
+    } else if (r.isTensor()) {
       sig.list_sizes.push_back(-1);
       sig.types.push_back(tensor_type_of(r.toTensor()));
     } else if (r.isTensorList()) {
@@ -154,6 +158,12 @@ ParsedOp parse_args(const c10::FunctionSchema& schema, const std::vector<c10::IV
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
     bool lift = !rule->static_scalars && is_number_type(schema.arguments()[i].type());
+    // 0 and 1 (alpha=1, beta=0, ...) stay constants: they rarely change, and keeping them
+    // out of the scalar vector saves a host-to-device transfer per launch in strict mode.
+    if (lift && (v.isInt() || v.isDouble() || v.isBool())) {
+      double number = v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : v.toBool();
+      if (number == 0.0 || number == 1.0) lift = false;
+    }
     Arg a;
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
@@ -272,7 +282,9 @@ bool lower_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::ji
   torch::jit::drop(*stack, n);
   size_t next = 0;
   for (int size : sig.list_sizes) {
-    if (size < 0) {
+    if (size == -2) {
+      stack->push_back(at::Tensor());
+    } else if (size < 0) {
       stack->push_back(wrap_for_user(make_tensor(values[next++])));
     } else {
       c10::List<at::Tensor> list;
