@@ -23,7 +23,8 @@ def run_table(cases, grad=False, rtol=1e-5, atol=1e-5, allow=()):
     act = [fn(*ins) for (_, fn, _, _), ins in zip(cases, tpu_in)]
     if grad:
         for outs in (exp, act):
-            sum(o.float().sum() for o in outs if o.requires_grad).backward()
+            flat = [o for out in outs for o in (out if isinstance(out, (tuple, list)) else [out])]
+            sum(o.float().sum() * (k + 1) for k, o in enumerate(flat) if o.requires_grad).backward()
     act_cpu = to_cpu(act)
     for (label, _, _, tol), a, e, ci, ti in zip(cases, act_cpu, exp, cpu_in, tpu_in):
         kw = tol or dict(rtol=rtol, atol=atol)
