@@ -7,13 +7,6 @@
 namespace torchtpu {
 namespace {
 
-// out = op(convert(x, out dtype)). Used for float math (exp, tanh, ...) and neg/abs.
-void lower_unary(LoweringContext& ctx, const Node& node) {
-  const TensorType& out = ctx.out(node);
-  V x = ctx.convert(ctx.input(node, 0), out.dtype);
-  ctx.set_result(ctx.emit(node.rule->data, {x}, out));
-}
-
 // Binary arithmetic computed in the result dtype: op(self, other) with Tensor or Scalar other.
 void lower_binary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
@@ -33,6 +26,19 @@ void lower_add_sub(LoweringContext& ctx, const Node& node) {
     if (!is_one) b = ctx.binary("stablehlo.multiply", b, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
   }
   ctx.set_result(ctx.binary(node.rule->data, a, b));
+}
+
+// rsub(self, other, alpha): other - alpha * self.
+void lower_rsub(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
+  V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
+  if (node.args.size() > 2 && !node.args[2].is_none()) {
+    const Arg& alpha = node.args[2];
+    bool is_one = !alpha.lifted && alpha.as_double() == 1.0;
+    if (!is_one) a = ctx.binary("stablehlo.multiply", a, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
+  }
+  ctx.set_result(ctx.binary("stablehlo.subtract", b, a));
 }
 
 // div with rounding_mode (None, "trunc", "floor").
@@ -75,8 +81,13 @@ void lower_compare(LoweringContext& ctx, const Node& node) {
   for (int i = 0; i < 2; ++i)
     if (ctx.has_input(node, i)) tensors.push_back(ctx.input(node, i));
   DType compute = result_type(tensors);
-  if (!ctx.has_input(node, 1) && node.args[1].kind == Arg::Kind::Double && !is_floating(compute))
-    compute = DType::Float32;
+  // A Scalar other only raises the category: float vs int/bool -> float32 (default dtype),
+  // int vs bool -> int64.
+  if (!ctx.has_input(node, 1)) {
+    Arg::Kind k = node.args[1].kind;
+    if (k == Arg::Kind::Double && !is_floating(compute)) compute = DType::Float32;
+    else if (k == Arg::Kind::Int && compute == DType::Bool) compute = DType::Int64;
+  }
   V a = tensor_or_scalar(ctx, node, 0, compute, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, compute, out.shape);
   ctx.set_result(ctx.compare(node.rule->data, a, b));
@@ -103,17 +114,6 @@ void lower_where(LoweringContext& ctx, const Node& node) {
   V a = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 2, out.dtype, out.shape);
   ctx.set_result(ctx.select(c, a, b));
-}
-
-void lower_relu(LoweringContext& ctx, const Node& node) {
-  const TensorType& out = ctx.out(node);
-  V x = ctx.input(node, 0);
-  ctx.set_result(ctx.binary("stablehlo.maximum", x, ctx.constant(0, out.dtype, out.shape)));
-}
-
-void lower_sigmoid(LoweringContext& ctx, const Node& node) {
-  const TensorType& out = ctx.out(node);
-  ctx.set_result(ctx.unary("stablehlo.logistic", ctx.convert(ctx.input(node, 0), out.dtype)));
 }
 
 // threshold_backward(grad, self, threshold): grad where self > threshold else 0.
@@ -146,6 +146,8 @@ LOWERING("aten::add.Tensor", lower_add_sub, "stablehlo.add");
 LOWERING("aten::add.Scalar", lower_add_sub, "stablehlo.add");
 LOWERING("aten::sub.Tensor", lower_add_sub, "stablehlo.subtract");
 LOWERING("aten::sub.Scalar", lower_add_sub, "stablehlo.subtract");
+LOWERING("aten::rsub.Tensor", lower_rsub);
+LOWERING("aten::rsub.Scalar", lower_rsub);
 LOWERING("aten::mul.Tensor", lower_binary, "stablehlo.multiply");
 LOWERING("aten::mul.Scalar", lower_binary, "stablehlo.multiply");
 LOWERING("aten::div.Tensor", lower_div);
@@ -174,14 +176,6 @@ LOWERING("aten::logical_xor", lower_logical, "stablehlo.xor");
 LOWERING("aten::logical_not", lower_logical_not);
 LOWERING("aten::where.self", lower_where);
 
-LOWERING("aten::neg", lower_unary, "stablehlo.negate");
-LOWERING("aten::exp", lower_unary, "stablehlo.exponential");
-LOWERING("aten::log", lower_unary, "stablehlo.log");
-LOWERING("aten::tanh", lower_unary, "stablehlo.tanh");
-LOWERING("aten::sqrt", lower_unary, "stablehlo.sqrt");
-LOWERING("aten::rsqrt", lower_unary, "stablehlo.rsqrt");
-LOWERING("aten::relu", lower_relu);
-LOWERING("aten::sigmoid", lower_sigmoid);
 LOWERING("aten::threshold_backward", lower_threshold_backward);
 LOWERING("aten::fill.Scalar", lower_fill);
 LOWERING("aten::fill.Tensor", lower_fill);

@@ -1,39 +1,294 @@
-// Reductions: sum, mean.
+// Reductions: sum, mean, prod, var/std (+_mean), max/min (+.dim), amax/amin, argmax/argmin,
+// logsumexp, any/all, linalg_vector_norm, cumsum/cumprod.
+// Half-precision floats accumulate in f32 as PyTorch does; keepdim is a final reshape to the
+// meta kernel's output shape (reducing dims does not reorder the remaining elements).
+#include <cmath>
+#include <limits>
+
 #include "lowering/common.h"
 
 namespace torchtpu {
 namespace {
 
-std::vector<int64_t> reduced_dims(const Node& node, int arg, int64_t rank) {
-  if (arg >= static_cast<int>(node.args.size()) || node.args[arg].is_none() || node.args[arg].ints.empty()) {
-    std::vector<int64_t> all(rank);
-    for (int64_t i = 0; i < rank; ++i) all[i] = i;
-    return all;
-  }
-  return wrap_dims(node.args[arg].ints, rank);
+DType acc_dtype(DType dtype) {
+  return dtype == DType::BFloat16 || dtype == DType::Float16 ? DType::Float32 : dtype;
 }
 
-// sum(self, dtype) / sum.dim_IntList(self, dim, keepdim, dtype) / mean.dim
+std::vector<int64_t> all_dims(int64_t rank) {
+  std::vector<int64_t> all(rank);
+  for (int64_t i = 0; i < rank; ++i) all[i] = i;
+  return all;
+}
+
+// The dims of argument `arg`: an int, an int list (empty = all) or None (all).
+std::vector<int64_t> reduced_dims(const Node& node, int arg, int64_t rank) {
+  if (arg >= static_cast<int>(node.args.size()) || node.args[arg].is_none()) return all_dims(rank);
+  const Arg& a = node.args[arg];
+  if (a.kind == Arg::Kind::Int) return rank == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{wrap_dim(a.i, rank)};
+  if (a.ints.empty()) return all_dims(rank);
+  std::vector<int64_t> dims = wrap_dims(a.ints, rank);
+  if (rank == 0) dims.clear();  // dim 0 / -1 of a 0-d tensor
+  return dims;
+}
+
+int64_t count_of(const V& x, const std::vector<int64_t>& dims) {
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x.type.shape[d];
+  return count;
+}
+
+// x broadcast back over reduced dims (r has x's shape with `dims` removed).
+V unreduce(LoweringContext& ctx, const V& r, const V& x, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> kept;
+  for (int64_t i = 0; i < x.type.rank(); ++i) {
+    bool reduced = false;
+    for (int64_t d : dims) reduced |= d == i;
+    if (!reduced) kept.push_back(i);
+  }
+  return ctx.broadcast_in_dim(r, x.type.shape, kept);
+}
+
+// sum(self, dtype) / sum.dim_IntList(self, dim, keepdim, dtype) / mean / mean.dim
 void lower_sum_mean(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
   bool has_dims = node.args.size() >= 3 && node.args[1].kind != Arg::Kind::Int;
-  std::vector<int64_t> dims = has_dims ? reduced_dims(node, 1, x.type.rank()) : reduced_dims(node, 99, x.type.rank());
-  // Accumulate low-precision floats in f32 as PyTorch does.
-  DType acc = out.dtype == DType::BFloat16 || out.dtype == DType::Float16 ? DType::Float32 : out.dtype;
+  std::vector<int64_t> dims = has_dims ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
+  DType acc = acc_dtype(out.dtype);
   V total = sum_dims(ctx, ctx.convert(x, acc), dims);
   if (node.rule->data && std::string(node.rule->data) == "mean") {
-    int64_t count = 1;
-    for (int64_t d : dims) count *= x.type.shape[d];
+    int64_t count = count_of(x, dims);
     total = ctx.binary("stablehlo.divide", total, ctx.constant(static_cast<double>(count), acc, total.type.shape));
   }
   ctx.set_result(ctx.reshape(ctx.convert(total, out.dtype), out.shape));
+}
+
+// prod(self, dtype) / prod.dim_int(self, dim, keepdim, dtype)
+void lower_prod(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  bool has_dim = node.args.size() >= 3;
+  std::vector<int64_t> dims = has_dim ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
+  DType acc = acc_dtype(out.dtype);
+  V r = ctx.reduce(ctx.convert(x, acc), dims, ctx.constant(1, acc), out.dtype == DType::Bool ? "stablehlo.and" : "stablehlo.multiply");
+  ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
+}
+
+// var.correction / std.correction (self, dim?, correction?, keepdim) and *_mean.correction.
+void lower_var_std(LoweringContext& ctx, const Node& node) {
+  std::string f = node.rule->data;
+  const TensorType& out = ctx.out(node);
+  V x0 = ctx.input(node, 0);
+  std::vector<int64_t> dims = reduced_dims(node, 1, x0.type.rank());
+  DType acc = acc_dtype(out.dtype);
+  V x = ctx.convert(x0, acc);
+  int64_t count = count_of(x, dims);
+  V mean = sum_dims(ctx, x, dims);
+  mean = ctx.binary("stablehlo.divide", mean, ctx.constant(static_cast<double>(count), acc, mean.type.shape));
+  V centered = ctx.binary("stablehlo.subtract", x, unreduce(ctx, mean, x, dims));
+  V sq = sum_dims(ctx, ctx.binary("stablehlo.multiply", centered, centered), dims);
+  V correction = node.args.size() > 2 && !node.args[2].is_none() ? ctx.scalar(node, 2, acc) : ctx.constant(1, acc);
+  V divisor = ctx.binary("stablehlo.subtract", ctx.constant(static_cast<double>(count), acc), correction);
+  divisor = ctx.binary("stablehlo.maximum", divisor, ctx.constant(0, acc));
+  V var = ctx.binary("stablehlo.divide", sq, ctx.broadcast_to(divisor, sq.type.shape));
+  if (f == "std" || f == "std_mean") var = ctx.unary("stablehlo.sqrt", var);
+  V result = ctx.reshape(ctx.convert(var, out.dtype), out.shape);
+  if (f == "var" || f == "std") {
+    ctx.set_result(result);
+  } else {
+    ctx.set_results({result, ctx.reshape(ctx.convert(mean, ctx.out(node, 1).dtype), ctx.out(node, 1).shape)});
+  }
+}
+
+// max/min (unary), amax/amin(self, dim[], keepdim): NaN propagates.
+void lower_extremum(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  bool is_max = std::string(node.rule->data) == "max";
+  V x = ctx.input(node, 0);
+  std::vector<int64_t> dims = node.args.size() > 1 ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
+  DType dt = x.type.dtype;
+  V init = is_max ? lowest_scalar(ctx, dt) : highest_scalar(ctx, dt);
+  V r = ctx.reduce(x, dims, init, is_max ? "stablehlo.maximum" : "stablehlo.minimum");
+  if (is_floating(dt)) {
+    // NaN wins regardless of how the backend's max treats it.
+    V any_nan = ctx.reduce(ctx.compare("NE", x, x), dims, ctx.constant(0, DType::Bool), "stablehlo.or");
+    r = ctx.select(any_nan, ctx.constant(NAN, dt, r.type.shape), r);
+  }
+  ctx.set_result(ctx.reshape(r, out.shape));
+}
+
+// (value, index) reduction along dims with PyTorch's rules: NaN is the extremum, ties pick
+// the first index. Returns {values, indices(i64)} with the reduced dims removed.
+std::vector<V> arg_reduce(LoweringContext& ctx, const V& x, int64_t dim, bool is_max) {
+  DType dt = x.type.dtype;
+  V idx = ctx.iota(TensorType{x.type.shape, DType::Int64}, dim);
+  V init_v = is_max ? lowest_scalar(ctx, dt) : highest_scalar(ctx, dt);
+  V init_i = ctx.constant_int(std::numeric_limits<int64_t>::max(), DType::Int64);
+  TensorType sv{{}, dt}, si{{}, DType::Int64};
+  std::string body = ctx.region({sv, si, sv, si}, [&](const std::vector<V>& a) {
+    const V &av = a[0], &ai = a[1], &bv = a[2], &bi = a[3];
+    V better = ctx.compare(is_max ? "GT" : "LT", av, bv);
+    V equal = ctx.compare("EQ", av, bv);
+    if (is_floating(dt)) {
+      V a_nan = ctx.compare("NE", av, av), b_nan = ctx.compare("NE", bv, bv);
+      V b_not_nan = ctx.unary("stablehlo.not", b_nan);
+      better = ctx.binary("stablehlo.or", better, ctx.binary("stablehlo.and", a_nan, b_not_nan));
+      equal = ctx.binary("stablehlo.or", equal, ctx.binary("stablehlo.and", a_nan, b_nan));
+    }
+    V first = ctx.binary("stablehlo.and", equal, ctx.compare("LT", ai, bi));
+    V pick = ctx.binary("stablehlo.or", better, first);
+    return std::vector<V>{ctx.select(pick, av, bv), ctx.select(pick, ai, bi)};
+  });
+  std::vector<int64_t> shape;
+  for (int64_t i = 0; i < x.type.rank(); ++i)
+    if (i != dim) shape.push_back(x.type.shape[i]);
+  return ctx.emit_multi("stablehlo.reduce", {x, idx, init_v, init_i},
+                        {TensorType{shape, dt}, TensorType{shape, DType::Int64}},
+                        "dimensions = " + format_dims({dim}), body);
+}
+
+// max.dim / min.dim (self, dim, keepdim) -> (values, indices)
+void lower_extremum_dim(LoweringContext& ctx, const Node& node) {
+  bool is_max = std::string(node.rule->data) == "max";
+  V x = ctx.input(node, 0);
+  if (x.type.rank() == 0) {
+    ctx.set_results({x, ctx.constant_int(0, DType::Int64)});
+    return;
+  }
+  int64_t dim = wrap_dim(node.args[1].as_int(), x.type.rank());
+  std::vector<V> r = arg_reduce(ctx, x, dim, is_max);
+  ctx.set_results({ctx.reshape(r[0], ctx.out(node, 0).shape), ctx.reshape(r[1], ctx.out(node, 1).shape)});
+}
+
+// argmax / argmin (self, dim?, keepdim)
+void lower_argextremum(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  bool is_max = std::string(node.rule->data) == "max";
+  V x = ctx.input(node, 0);
+  int64_t dim = 0;
+  if (node.args[1].is_none() || x.type.rank() == 0) {
+    x = ctx.reshape(x, {x.type.numel()});
+  } else {
+    dim = wrap_dim(node.args[1].as_int(), x.type.rank());
+  }
+  std::vector<V> r = arg_reduce(ctx, x, dim, is_max);
+  ctx.set_result(ctx.reshape(r[1], out.shape));
+}
+
+// logsumexp(self, dim[], keepdim)
+void lower_logsumexp(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  DType acc = acc_dtype(out.dtype);
+  V x = ctx.convert(ctx.input(node, 0), acc);
+  std::vector<int64_t> dims = reduced_dims(node, 1, x.type.rank());
+  V m = ctx.reduce(x, dims, lowest_scalar(ctx, acc), "stablehlo.maximum");
+  V inf = ctx.constant(INFINITY, acc, m.type.shape);
+  m = ctx.select(ctx.compare("EQ", ctx.unary("stablehlo.abs", m), inf), ctx.constant(0, acc, m.type.shape), m);
+  V e = ctx.unary("stablehlo.exponential", ctx.binary("stablehlo.subtract", x, unreduce(ctx, m, x, dims)));
+  V r = ctx.binary("stablehlo.add", ctx.unary("stablehlo.log", sum_dims(ctx, e, dims)), m);
+  ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
+}
+
+// any / all (self) (.dim, .dims)
+void lower_any_all(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  bool is_any = std::string(node.rule->data) == "any";
+  V x = ctx.convert(ctx.input(node, 0), DType::Bool);
+  std::vector<int64_t> dims = node.args.size() > 1 ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
+  V r = ctx.reduce(x, dims, ctx.constant(is_any ? 0 : 1, DType::Bool), is_any ? "stablehlo.or" : "stablehlo.and");
+  ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
+}
+
+// linalg_vector_norm(self, ord, dim?, keepdim, dtype?); ord is a compile-time constant.
+void lower_vector_norm(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  double ord = node.args[1].as_double();
+  DType acc = acc_dtype(out.dtype);
+  V x = ctx.convert(ctx.input(node, 0), acc);
+  std::vector<int64_t> dims = reduced_dims(node, 2, x.type.rank());
+  V a = ctx.unary("stablehlo.abs", x);
+  V r;
+  if (std::isinf(ord)) {
+    bool is_max = ord > 0;
+    r = ctx.reduce(a, dims, is_max ? lowest_scalar(ctx, acc) : highest_scalar(ctx, acc),
+                   is_max ? "stablehlo.maximum" : "stablehlo.minimum");
+    V any_nan = ctx.reduce(ctx.compare("NE", a, a), dims, ctx.constant(0, DType::Bool), "stablehlo.or");
+    r = ctx.select(any_nan, ctx.constant(NAN, acc, r.type.shape), r);
+  } else if (ord == 0) {
+    r = sum_dims(ctx, ctx.convert(ctx.compare("NE", x, ctx.constant(0, acc, x.type.shape)), acc), dims);
+  } else if (ord == 1) {
+    r = sum_dims(ctx, a, dims);
+  } else if (ord == 2) {
+    r = ctx.unary("stablehlo.sqrt", sum_dims(ctx, ctx.binary("stablehlo.multiply", a, a), dims));
+  } else {
+    V p = ctx.binary("stablehlo.power", a, ctx.constant(ord, acc, a.type.shape));
+    V s = sum_dims(ctx, p, dims);
+    r = ctx.binary("stablehlo.power", s, ctx.constant(1.0 / ord, acc, s.type.shape));
+  }
+  ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
+}
+
+// cumsum / cumprod (self, dim, dtype?): a reduce_window over the prefix along dim.
+void lower_cumulative(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  bool is_sum = std::string(node.rule->data) == "sum";
+  DType acc = acc_dtype(out.dtype);
+  V x = ctx.convert(ctx.input(node, 0), acc);
+  if (x.type.rank() == 0 || x.type.numel() == 0) {
+    ctx.set_result(ctx.reshape(ctx.convert(x, out.dtype), out.shape));
+    return;
+  }
+  int64_t rank = x.type.rank();
+  int64_t dim = wrap_dim(node.args[1].as_int(), rank);
+  int64_t n = x.type.shape[dim];
+  const char* op = is_sum ? (acc == DType::Bool ? "stablehlo.or" : "stablehlo.add")
+                          : (acc == DType::Bool ? "stablehlo.and" : "stablehlo.multiply");
+  V init = is_sum ? ctx.constant(0, acc) : ctx.constant(1, acc);
+  TensorType scalar{{}, acc};
+  std::string body = ctx.region({scalar, scalar}, [&](const std::vector<V>& a) {
+    return std::vector<V>{ctx.binary(op, a[0], a[1])};
+  });
+  std::vector<int64_t> window(rank, 1), strides(rank, 1);
+  window[dim] = n;
+  std::string padding = "padding = dense<[";
+  for (int64_t i = 0; i < rank; ++i)
+    padding += std::string(i ? ", " : "") + "[" + (i == dim ? std::to_string(n - 1) : "0") + ", 0]";
+  padding += "]> : tensor<" + std::to_string(rank) + "x2xi64>";
+  V r = ctx.emit("stablehlo.reduce_window", {x, init}, x.type,
+                 "window_dimensions = " + format_dims(window) + ", window_strides = " + format_dims(strides) + ", " +
+                     padding,
+                 body);
+  ctx.set_result(ctx.convert(r, out.dtype));
 }
 
 LOWERING("aten::sum", lower_sum_mean);
 LOWERING("aten::sum.dim_IntList", lower_sum_mean);
 LOWERING("aten::mean.dim", lower_sum_mean, "mean");
 LOWERING("aten::mean", lower_sum_mean, "mean");
+LOWERING("aten::prod", lower_prod);
+LOWERING("aten::prod.dim_int", lower_prod);
+LOWERING("aten::var.correction", lower_var_std, "var");
+LOWERING("aten::std.correction", lower_var_std, "std");
+LOWERING("aten::var_mean.correction", lower_var_std, "var_mean");
+LOWERING("aten::std_mean.correction", lower_var_std, "std_mean");
+LOWERING("aten::max", lower_extremum, "max");
+LOWERING("aten::min", lower_extremum, "min");
+LOWERING("aten::amax", lower_extremum, "max");
+LOWERING("aten::amin", lower_extremum, "min");
+LOWERING("aten::max.dim", lower_extremum_dim, "max");
+LOWERING("aten::min.dim", lower_extremum_dim, "min");
+LOWERING("aten::argmax", lower_argextremum, "max");
+LOWERING("aten::argmin", lower_argextremum, "min");
+LOWERING("aten::logsumexp", lower_logsumexp);
+LOWERING("aten::any", lower_any_all, "any");
+LOWERING("aten::any.dim", lower_any_all, "any");
+LOWERING("aten::any.dims", lower_any_all, "any");
+LOWERING("aten::all", lower_any_all, "all");
+LOWERING("aten::all.dim", lower_any_all, "all");
+LOWERING("aten::all.dims", lower_any_all, "all");
+LOWERING("aten::linalg_vector_norm", lower_vector_norm, nullptr, /*static_scalars=*/true);
+LOWERING("aten::cumsum", lower_cumulative, "sum");
+LOWERING("aten::cumprod", lower_cumulative, "prod");
 
 }  // namespace
 }  // namespace torchtpu
