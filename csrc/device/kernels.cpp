@@ -72,6 +72,9 @@ c10::IValue to_meta(const c10::IValue& v) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) return v;
+    // A Python number passed as a tensor (x + 1.5) promotes like a scalar, not a tensor:
+    // keep it as the CPU scalar it is (meta kernels accept CPU scalars).
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) return v;
     return at::empty(t.sizes(), t.options().device(c10::kMeta));
   }
   if (v.isTensorList()) {
@@ -167,7 +170,10 @@ ParsedOp parse_args(const c10::FunctionSchema& schema, const std::vector<c10::IV
     Arg a;
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
-      if (t.defined()) a = Arg::tensor(add_tensor(t));
+      if (t.defined()) {
+        a = Arg::tensor(add_tensor(t));
+        a.i = t.unsafeGetTensorImpl()->is_wrapped_number();  // part of the signature: it changes promotion
+      }
     } else if (v.isTensorList()) {
       a.kind = Arg::Kind::TensorList;
       for (const at::Tensor& t : v.toTensorList()) a.operands.push_back(add_tensor(t));

@@ -36,7 +36,7 @@ uint64_t hash_node(const Node& node) {
         break;
       case Arg::Kind::String: h = hash_string(h, a.s); break;
       case Arg::Kind::Tensor: case Arg::Kind::TensorList:
-        h = hash_mix(h, a.operands.size());
+        h = hash_mix(h, a.operands.size() * 2 + static_cast<uint64_t>(a.i));
         for (int index : a.operands) h = hash_mix(h, static_cast<uint64_t>(index + 7));
         break;
       case Arg::Kind::None: break;

@@ -363,8 +363,6 @@ def test_to_dtype(mode, src):
     run_table(cases)
 
 
-@pytest.mark.xfail(reason="core: to_meta drops is_wrapped_number, so a Python float scalar promotes like a "
-                          "0-d float64 tensor (int or 0-d float32 tensor + 1.5 -> float64)", strict=True)
 def test_python_scalar_promotion(mode):
     check(lambda t: t + 1.5, torch.arange(3))
     check(lambda t: t * 2.5, torch.tensor(1.0))
