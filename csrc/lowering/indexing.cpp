@@ -458,6 +458,18 @@ void lower_topk(LoweringContext& ctx, const Node& node) {
   ctx.set_results({ctx.slice(sorted[0], starts, limits, strides), ctx.slice(sorted[1], starts, limits, strides)});
 }
 
+// one_hot(self, num_classes)
+void lower_one_hot(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V idx = ctx.convert(ctx.input(node, 0), DType::Int64);
+  std::vector<int64_t> lead;
+  for (int64_t d = 0; d < idx.type.rank(); ++d) lead.push_back(d);
+  V hot = ctx.compare("EQ", ctx.broadcast_in_dim(idx, out.shape, lead),
+                      ctx.iota(TensorType{out.shape, DType::Int64}, out.rank() - 1));
+  ctx.set_result(ctx.convert(hot, out.dtype));
+}
+
+LOWERING("aten::one_hot", lower_one_hot);
 LOWERING("aten::index.Tensor", lower_index);
 LOWERING("aten::_unsafe_index.Tensor", lower_index);
 LOWERING("aten::index_put", lower_index_put);
