@@ -57,8 +57,8 @@ void lower_bernoulli(LoweringContext& ctx, const Node& node) {
     ct = DType::Float64;
   V p;
   if (ctx.has_input(node, 1)) p = to_type(ctx, ctx.input(node, 1), ct, out.shape);
-  else if (node.args.size() > 3) p = ctx.constant(node.args[1].as_double(), ct, out.shape);  // .p
-  else p = to_type(ctx, ctx.input(node, 0), ct, out.shape);                              // bernoulli(self)
+  else if (node.rule->data) p = ctx.constant(node.args[1].as_double(), ct, out.shape);  // .p
+  else p = to_type(ctx, ctx.input(node, 0), ct, out.shape);                           // bernoulli(self)
   V u = ctx.random_uniform(node, out.shape, ct);
   ctx.set_result(ctx.convert(ctx.compare("LT", u, p), out.dtype));
 }
@@ -147,7 +147,7 @@ LOWERING("aten::normal.float_Tensor", lower_normal, "tensor", false, true);
 LOWERING("aten::normal.Tensor_Tensor", lower_normal, "tensor", false, true);
 LOWERING("aten::normal.float_float", lower_normal, "tensor", false, true);
 LOWERING("aten::bernoulli", lower_bernoulli, nullptr, false, true);
-LOWERING("aten::bernoulli.p", lower_bernoulli, nullptr, false, true);
+LOWERING("aten::bernoulli.p", lower_bernoulli, "p", false, true);
 LOWERING("aten::bernoulli.Tensor", lower_bernoulli, nullptr, false, true);
 LOWERING("aten::random.from", lower_random, "from", false, true);
 LOWERING("aten::random.to", lower_random, "to", false, true);
