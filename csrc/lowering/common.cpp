@@ -100,3 +100,53 @@ V sum_dims(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims) {
 }
 
 }  // namespace torchtpu
+
+// --- Linear-index gather/scatter ---------------------------------------------------------
+namespace torchtpu {
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
+  return strides;
+}
+
+DType index_dtype(int64_t numel) { return numel < (int64_t(1) << 31) ? DType::Int32 : DType::Int64; }
+
+V affine_index(LoweringContext& ctx, const std::vector<int64_t>& shape, const std::vector<int64_t>& coefs,
+               int64_t offset, DType dtype) {
+  V total = ctx.constant_int(offset, dtype, shape);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (coefs[d] == 0 || shape[d] <= 1) continue;
+    V term = ctx.iota(TensorType{shape, dtype}, static_cast<int64_t>(d));
+    if (coefs[d] != 1) term = ctx.binary("stablehlo.multiply", term, ctx.constant_int(coefs[d], dtype, shape));
+    total = ctx.binary("stablehlo.add", total, term);
+  }
+  return total;
+}
+
+V gather_linear(LoweringContext& ctx, const V& x, const V& idx) {
+  TensorType out{idx.type.shape, x.type.dtype};
+  if (out.numel() == 0 || x.type.numel() == 0) return ctx.constant(0, out.dtype, out.shape);
+  V flat = ctx.reshape(x, {x.type.numel()});
+  std::string attrs = "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
+                      "index_vector_dim = " + std::to_string(idx.type.rank()) +
+                      ">, indices_are_sorted = false, slice_sizes = array<i64: 1>";
+  return ctx.emit("stablehlo.gather", {flat, idx}, out, attrs);
+}
+
+V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, const char* combine) {
+  if (idx.type.numel() == 0 || x.type.numel() == 0) return x;
+  V flat = ctx.reshape(x, {x.type.numel()});
+  TensorType scalar{{}, x.type.dtype};
+  std::string body = ctx.region({scalar, scalar}, [&](const std::vector<V>& args) {
+    if (!combine) return std::vector<V>{args[1]};
+    return std::vector<V>{ctx.binary(combine, args[0], args[1])};
+  });
+  std::string attrs = "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<"
+                      "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = " +
+                      std::to_string(idx.type.rank()) + ">, unique_indices = false";
+  V out = ctx.emit("stablehlo.scatter", {flat, idx, ctx.convert(updates, x.type.dtype)}, flat.type, attrs, body);
+  return ctx.reshape(out, x.type.shape);
+}
+
+}  // namespace torchtpu

@@ -27,3 +27,20 @@ V highest_scalar(LoweringContext& ctx, DType dtype);  // +inf or the largest int
 V sum_dims(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims);
 
 }  // namespace torchtpu
+
+// --- Linear-index gather/scatter (added for shape/indexing lowerings) -------------------
+// Every element of a tensor read row-major has a linear position; view-like and indexing
+// ops become a gather/scatter over the flattened operand with computed positions.
+namespace torchtpu {
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
+// Integer type for linear positions into `numel` elements (i32 when it fits, else i64).
+DType index_dtype(int64_t numel);
+// Positions of `shape`: offset + sum_d iota_d * coefs[d], in dtype.
+V affine_index(LoweringContext& ctx, const std::vector<int64_t>& shape, const std::vector<int64_t>& coefs,
+               int64_t offset, DType dtype);
+// Elements of x (read row-major) at linear positions idx; the result has idx's shape.
+V gather_linear(LoweringContext& ctx, const V& x, const V& idx);
+// x with `updates` (idx's shape) combined at linear positions idx: combine is nullptr to
+// overwrite or a StableHLO binary op ("stablehlo.add", "stablehlo.maximum", ...).
+V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, const char* combine);
+}  // namespace torchtpu

@@ -1,0 +1,90 @@
+// Factory lowerings: arange, linspace, eye. Their Scalar bounds decide the output shape, so
+// they are registered with static_scalars (compile-time constants).
+#include "lowering/common.h"
+
+namespace torchtpu {
+namespace {
+
+// Float math for a factory: f64 outputs compute in f64, everything else in f32.
+DType compute_type(DType out) { return out == DType::Float64 ? DType::Float64 : DType::Float32; }
+
+// arange(end) / arange.start(start, end) / arange.start_step(start, end, step)
+void lower_arange(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  std::string kind = node.rule->data;
+  const Arg* start = kind == "end" ? nullptr : &node.args[0];
+  const Arg* step = kind == "start_step" ? &node.args[2] : nullptr;
+  if (out.numel() == 0) {
+    ctx.set_result(ctx.constant(0, out.dtype, out.shape));
+    return;
+  }
+  bool integral = !is_floating(out.dtype) && (!start || start->kind != Arg::Kind::Double) &&
+                  (!step || step->kind != Arg::Kind::Double);
+  DType ct = integral ? DType::Int64 : compute_type(out.dtype);
+  V i = ctx.iota(TensorType{out.shape, ct}, 0);
+  if (step) {
+    V s = integral ? ctx.constant_int(step->as_int(), ct, out.shape) : ctx.constant(step->as_double(), ct, out.shape);
+    i = ctx.binary("stablehlo.multiply", i, s);
+  }
+  if (start) {
+    V s = integral ? ctx.constant_int(start->as_int(), ct, out.shape) : ctx.constant(start->as_double(), ct, out.shape);
+    i = ctx.binary("stablehlo.add", i, s);
+  }
+  if (!integral && !is_floating(out.dtype)) i = ctx.unary("stablehlo.floor", i);
+  ctx.set_result(ctx.convert(i, out.dtype));
+}
+
+// linspace(start, end, steps): PyTorch's symmetric formula (the second half counts back
+// from end).
+void lower_linspace(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  int64_t steps = node.args[2].i;
+  if (steps == 0) {
+    ctx.set_result(ctx.constant(0, out.dtype, out.shape));
+    return;
+  }
+  double start = node.args[0].as_double(), end = node.args[1].as_double();
+  if (steps == 1) {
+    ctx.set_result(ctx.constant(start, out.dtype, out.shape));
+    return;
+  }
+  if (!is_floating(out.dtype)) {
+    // Integer linspace: PyTorch computes start + step * i in double and truncates.
+    std::string values;
+    double step = (end - start) / static_cast<double>(steps - 1);
+    for (int64_t k = 0; k < steps; ++k)
+      values += (k ? ", " : "") + std::to_string(static_cast<int64_t>(start + step * static_cast<double>(k)));
+    TensorType t{{steps}, DType::Int64};
+    V c = ctx.emit("stablehlo.constant", {}, t, "value = dense<[" + values + "]> : " + t.mlir());
+    ctx.set_result(ctx.convert(c, out.dtype));
+    return;
+  }
+  DType ct = compute_type(out.dtype);
+  double step = (end - start) / static_cast<double>(steps - 1);
+  int64_t halfway = steps / 2;
+  V i = ctx.iota(TensorType{out.shape, ct}, 0);
+  V s = ctx.constant(step, ct, out.shape);
+  V low = ctx.binary("stablehlo.add", ctx.constant(start, ct, out.shape), ctx.binary("stablehlo.multiply", s, i));
+  V back = ctx.binary("stablehlo.subtract", ctx.constant(static_cast<double>(steps - 1), ct, out.shape), i);
+  V high = ctx.binary("stablehlo.subtract", ctx.constant(end, ct, out.shape), ctx.binary("stablehlo.multiply", s, back));
+  V first_half = ctx.compare("LT", i, ctx.constant(static_cast<double>(halfway), ct, out.shape));
+  ctx.set_result(ctx.convert(ctx.select(first_half, low, high), out.dtype));
+}
+
+// eye(n) / eye.m(n, m)
+void lower_eye(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  TensorType it{out.shape, DType::Int32};
+  V diag = ctx.compare("EQ", ctx.iota(it, 0), ctx.iota(it, 1));
+  ctx.set_result(ctx.convert(diag, out.dtype));
+}
+
+LOWERING("aten::arange", lower_arange, "end", /*static_scalars=*/true);
+LOWERING("aten::arange.start", lower_arange, "start", /*static_scalars=*/true);
+LOWERING("aten::arange.start_step", lower_arange, "start_step", /*static_scalars=*/true);
+LOWERING("aten::linspace", lower_linspace, nullptr, /*static_scalars=*/true);
+LOWERING("aten::eye", lower_eye);
+LOWERING("aten::eye.m", lower_eye);
+
+}  // namespace
+}  // namespace torchtpu

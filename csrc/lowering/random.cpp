@@ -1,0 +1,160 @@
+// Random lowerings. Rules are registered with random=true: the generator's (seed, offset)
+// are appended as two lifted ints and LoweringContext::random_bits/random_uniform turn them
+// into a counter-based stream, so the same seed gives the same values in every mode.
+#include <cmath>
+#include <limits>
+
+#include "lowering/common.h"
+
+namespace torchtpu {
+namespace {
+
+DType float_compute(DType out) { return out == DType::Float64 ? DType::Float64 : DType::Float32; }
+
+// Standard normal samples (Box-Muller) in the compute type of out.
+V standard_normal(LoweringContext& ctx, const Node& node, const std::vector<int64_t>& shape, DType ct) {
+  V u1 = ctx.random_uniform(node, shape, ct);
+  V u2 = ctx.random_uniform(node, shape, ct);
+  V one = ctx.constant(1.0, ct, shape);
+  V radius = ctx.unary("stablehlo.sqrt",
+                       ctx.binary("stablehlo.multiply", ctx.constant(-2.0, ct, shape),
+                                  ctx.unary("stablehlo.log", ctx.binary("stablehlo.subtract", one, u1))));
+  V angle = ctx.binary("stablehlo.multiply", ctx.constant(2.0 * M_PI, ct, shape), u2);
+  return ctx.binary("stablehlo.multiply", radius, ctx.unary("stablehlo.cosine", angle));
+}
+
+// uniform(self, from, to, generator)
+void lower_uniform(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  DType ct = float_compute(out.dtype);
+  double from = node.args[1].as_double(), to = node.args[2].as_double();
+  V u = ctx.random_uniform(node, out.shape, ct);
+  V r = ctx.binary("stablehlo.add", ctx.constant(from, ct, out.shape),
+                   ctx.binary("stablehlo.multiply", u, ctx.constant(to - from, ct, out.shape)));
+  ctx.set_result(ctx.convert(r, out.dtype));
+}
+
+// normal_functional(self, mean, std) and normal.Tensor_float / float_Tensor / Tensor_Tensor /
+// float_float(mean, std, ...): mean + std * N(0, 1).
+void lower_normal(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  DType ct = float_compute(out.dtype);
+  std::string kind = node.rule->data;
+  int mean_arg = kind == "functional" ? 1 : 0;
+  V z = standard_normal(ctx, node, out.shape, ct);
+  V mean = ctx.has_input(node, mean_arg) ? to_type(ctx, ctx.input(node, mean_arg), ct, out.shape)
+                                         : ctx.constant(node.args[mean_arg].as_double(), ct, out.shape);
+  V std = ctx.has_input(node, mean_arg + 1) ? to_type(ctx, ctx.input(node, mean_arg + 1), ct, out.shape)
+                                            : ctx.constant(node.args[mean_arg + 1].as_double(), ct, out.shape);
+  ctx.set_result(ctx.convert(ctx.binary("stablehlo.add", mean, ctx.binary("stablehlo.multiply", std, z)), out.dtype));
+}
+
+// bernoulli(self) / bernoulli.p(self, p) / bernoulli.Tensor(self, p): 1 with probability p.
+void lower_bernoulli(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  DType ct = DType::Float32;
+  if (out.dtype == DType::Float64 || (ctx.has_input(node, 1) && ctx.input(node, 1).type.dtype == DType::Float64))
+    ct = DType::Float64;
+  V p;
+  if (ctx.has_input(node, 1)) p = to_type(ctx, ctx.input(node, 1), ct, out.shape);
+  else if (node.rule->data) p = ctx.constant(node.args[1].as_double(), ct, out.shape);  // .p
+  else p = to_type(ctx, ctx.input(node, 0), ct, out.shape);                           // bernoulli(self)
+  V u = ctx.random_uniform(node, out.shape, ct);
+  ctx.set_result(ctx.convert(ctx.compare("LT", u, p), out.dtype));
+}
+
+int64_t mantissa_range(DType dtype) {
+  switch (dtype) {
+    case DType::Float64: return (int64_t(1) << 53) + 1;
+    case DType::Float32: return (int64_t(1) << 24) + 1;
+    case DType::Float16: return (int64_t(1) << 11) + 1;
+    case DType::BFloat16: return (int64_t(1) << 8) + 1;
+    case DType::Bool: return 2;
+    case DType::UInt8: return 256;
+    case DType::Int8: return 128;
+    case DType::Int16: return 32768;
+    case DType::Int32: return int64_t(1) << 31;
+    default: return 0;  // int64: all 63 bits
+  }
+}
+
+// random.from(self, from, to) / random.to(self, to) / random(self): integers uniform in
+// [from, to) (default bounds as PyTorch: the exactly representable range of the dtype).
+void lower_random(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  std::string kind = node.rule->data;
+  int64_t from = 0, range = 0;
+  if (kind == "from") {
+    from = node.args[1].i;
+    if (!node.args[2].is_none()) range = node.args[2].i - from;
+    else {
+      int64_t top = mantissa_range(out.dtype);
+      range = top == 0 ? std::numeric_limits<int64_t>::max() - from : top - from;
+    }
+  } else if (kind == "to") {
+    range = node.args[1].i;
+  } else {
+    range = mantissa_range(out.dtype);
+  }
+  V bits = ctx.random_bits(node, out.shape, 64);
+  V r = ctx.binary("stablehlo.shift_right_logical", bits, ctx.constant_int(1, DType::Int64, out.shape));
+  if (range > 0) r = ctx.binary("stablehlo.remainder", r, ctx.constant_int(range, DType::Int64, out.shape));
+  if (from != 0) r = ctx.binary("stablehlo.add", r, ctx.constant_int(from, DType::Int64, out.shape));
+  ctx.set_result(ctx.convert(r, out.dtype));
+}
+
+// exponential(self, lambd): -log(1 - u) / lambd
+void lower_exponential(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  DType ct = float_compute(out.dtype);
+  V u = ctx.random_uniform(node, out.shape, ct);
+  V e = ctx.unary("stablehlo.negate", ctx.unary("stablehlo.log_plus_one", ctx.unary("stablehlo.negate", u)));
+  e = ctx.binary("stablehlo.divide", e, ctx.constant(node.args[1].as_double(), ct, out.shape));
+  ctx.set_result(ctx.convert(e, out.dtype));
+}
+
+// native_dropout(input, p, train) -> (input * mask / (1 - p), mask)
+void lower_native_dropout(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  double p = node.args[1].as_double();
+  bool train = node.args[2].is_none() || node.args[2].as_bool();
+  if (!train || out.numel() == 0) {
+    ctx.set_results({x, ctx.constant(1, DType::Bool, out.shape)});
+    return;
+  }
+  DType ct = float_compute(out.dtype);
+  V u = ctx.random_uniform(node, out.shape, ct);
+  V mask = ctx.compare("LT", u, ctx.constant(1.0 - p, ct, out.shape));
+  double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
+  V kept = ctx.select(mask, x, ctx.constant(0, out.dtype, out.shape));
+  ctx.set_results({ctx.binary("stablehlo.multiply", kept, ctx.constant(scale, out.dtype, out.shape)), mask});
+}
+
+// native_dropout_backward(grad, mask, scale)
+void lower_native_dropout_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V g = ctx.input(node, 0);
+  V mask = to_type(ctx, ctx.input(node, 1), DType::Bool, out.shape);
+  V scaled = ctx.binary("stablehlo.multiply", g, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
+  ctx.set_result(ctx.select(mask, scaled, ctx.constant(0, out.dtype, out.shape)));
+}
+
+LOWERING("aten::uniform", lower_uniform, nullptr, false, /*random=*/true);
+LOWERING("aten::normal_functional", lower_normal, "functional", false, true);
+LOWERING("aten::normal.Tensor_float", lower_normal, "tensor", false, true);
+LOWERING("aten::normal.float_Tensor", lower_normal, "tensor", false, true);
+LOWERING("aten::normal.Tensor_Tensor", lower_normal, "tensor", false, true);
+LOWERING("aten::normal.float_float", lower_normal, "tensor", false, true);
+LOWERING("aten::bernoulli", lower_bernoulli, nullptr, false, true);
+LOWERING("aten::bernoulli.p", lower_bernoulli, "p", false, true);
+LOWERING("aten::bernoulli.Tensor", lower_bernoulli, nullptr, false, true);
+LOWERING("aten::random.from", lower_random, "from", false, true);
+LOWERING("aten::random.to", lower_random, "to", false, true);
+LOWERING("aten::random", lower_random, "all", false, true);
+LOWERING("aten::exponential", lower_exponential, nullptr, false, true);
+LOWERING("aten::native_dropout", lower_native_dropout, nullptr, false, true);
+LOWERING("aten::native_dropout_backward", lower_native_dropout_backward);
+
+}  // namespace
+}  // namespace torchtpu
