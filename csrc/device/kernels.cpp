@@ -245,8 +245,14 @@ void append_generator_args(ParsedOp& p, const std::vector<c10::IValue>& args) {
   auto* impl = dynamic_cast<TpuGeneratorImpl*>(chosen.unsafeGetGeneratorImpl());
   TORCH_CHECK(impl, "torchtpu: random ops on tpu need a tpu generator (torch.Generator(device=\"tpu\"))");
   auto [seed, offset] = impl->next();
-  p.args.push_back(Arg::integer(static_cast<int64_t>(seed), true));
-  p.args.push_back(Arg::integer(static_cast<int64_t>(offset), true));
+  // One independent stream per (seed, offset): the pair is hashed into the RNG key and the
+  // counter starts at zero, so consecutive ops never share random bits.
+  uint64_t key = seed * 0x9E3779B97F4A7C15ull + offset;
+  key = (key ^ (key >> 30)) * 0xBF58476D1CE4E5B9ull;
+  key = (key ^ (key >> 27)) * 0x94D049BB133111EBull;
+  key ^= key >> 31;
+  p.args.push_back(Arg::integer(static_cast<int64_t>(key), true));
+  p.args.push_back(Arg::integer(0, true));
 }
 
 // Returns false when the op cannot be lowered here (the caller falls back to CPU).
@@ -274,8 +280,10 @@ bool lower_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::ji
       lock.unlock();
       try {
         sig = infer_outputs(op, args);
-      } catch (const c10::NotImplementedError&) {
-        return false;  // no meta kernel: run it on CPU
+      } catch (const std::exception&) {
+        // No meta kernel, a data-dependent shape (nonzero, x[mask]) or invalid arguments:
+        // the CPU kernel runs it, or raises the same error CPU users see.
+        return false;
       }
       for (const TensorType& t : sig.types)
         if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;
@@ -457,6 +465,7 @@ std::optional<c10::OperatorHandle> functional_counterpart(const c10::FunctionSch
   if (inplace) {
     base.pop_back();
     candidates = {overload};
+    if (base == "aten::normal") return c10::Dispatcher::singleton().findOp({"aten::normal_functional", ""});
   } else if (overload == "out") {
     candidates = {"", "Tensor", "default"};
   } else if (overload.size() > 4 && overload.compare(overload.size() - 4, 4, "_out") == 0) {

@@ -307,9 +307,10 @@ V LoweringContext::random_bits(const Node& node, const std::vector<int64_t>& sha
   int seed_arg = static_cast<int>(node.args.size()) - 2;
   V seed = scalar(node, seed_arg, DType::Int64);
   V offset = scalar(node, seed_arg + 1, DType::Int64);
-  if (rng_calls_ > 0) offset = binary("stablehlo.add", offset, constant_int(rng_calls_ << 20, DType::Int64));
+  // Further draws within one op use further keys (the counter restarts at 0 for each).
+  if (rng_calls_ > 0)
+    seed = binary("stablehlo.add", seed, constant_int(static_cast<int64_t>(0x632BE59BD9B4E019ull) * rng_calls_, DType::Int64));
   ++rng_calls_;
-  TensorType u64{{}, DType::Int64};
   V state = concatenate({reshape(seed, {1}), reshape(offset, {1})}, 0);
   std::string state_u64 = "tensor<2xui64>";
   std::string name = fresh_name();

@@ -120,8 +120,6 @@ def test_data_dependent_ops_fall_back(mode):
     assert out[0].device.type == "tpu"
 
 
-@pytest.mark.xfail(reason="core: a meta kernel raising a Python NotImplementedError/RuntimeError for a "
-                          "data-dependent shape is not turned into a CPU fallback (see report)", strict=True)
 def test_bool_mask_index_falls_back(mode):
     x = torch.randn(4, 5)
     check(lambda t: (t[t > 0], F.one_hot((t > 0).long().sum(1))), x, no_fallback=False)

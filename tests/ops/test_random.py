@@ -106,8 +106,6 @@ def test_generator_argument(mode):
     assert torch.equal(a, b)
 
 
-@pytest.mark.xfail(reason="core: consecutive random ops read overlapping threefry counter ranges "
-                          "(see report)", strict=True)
 def test_consecutive_streams_do_not_overlap(mode):
     torch.manual_seed(0)
     a = torch.rand(8, device="tpu").cpu()
