@@ -134,6 +134,10 @@ class _CompiledGraph:
         if not self.replay or _C.get_mode() != "fused":
             return self._interpret(args)
         key = self._key(args)
+        try:
+            hash(key)
+        except TypeError:  # an unhashable non-tensor input: no capture for it
+            return self._interpret(args)
         for handle in self.captures.get(key, ()):
             out = _C.run_captured(handle, list(args))
             if out is not None:
