@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import weakref
 
 import torch
 
@@ -138,9 +139,12 @@ class _CompiledGraph:
             hash(key)
         except TypeError:  # an unhashable non-tensor input: no capture for it
             return self._interpret(args)
-        for handle in self.captures.get(key, ()):
+        for handle, constants in self.captures.get(key, ()):
             out = _C.run_captured(handle, list(args))
             if out is not None:
+                # Non-tensor outputs (SymInts of dynamic graphs, None) are fixed by the key.
+                for i, value in constants:
+                    out[i] = value
                 self.stats["replayed"] += 1
                 return out
         if key in self.uncapturable:
@@ -169,24 +173,32 @@ class _CompiledGraph:
             self.uncapturable.add(key)
             self.stats["interpreted"] += 1
             return out
-        handles = self.captures.setdefault(key, [])
-        if len(handles) < _MAX_CAPTURES_PER_GRAPH:
-            handles.append(handle)
+        constants = [(i, o) for i, o in enumerate(outs) if o is not None and not isinstance(o, torch.Tensor)]
+        if any(isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool)) for _, o in constants):
+            self.uncapturable.add(key)  # symbolic outputs (unbacked) are not constants
+        else:
+            handles = self.captures.setdefault(key, [])
+            if len(handles) < _MAX_CAPTURES_PER_GRAPH:
+                handles.append((handle, constants))
         self.stats["captured"] += 1
         return out
 
 
 def _make_compiler(name: str):
     def compile_fx(gm: torch.fx.GraphModule, example_inputs):
-        # Outputs must come back as a list or tuple (AOTAutograd's convention).
+        global fx_graphs_compiled
         compiled = _CompiledGraph(gm, name)
-        _compiled_graphs.append(compiled)
+        fx_graphs_compiled += 1
+        _compiled_graphs.add(compiled)
         return compiled
 
     return compile_fx
 
 
-_compiled_graphs: list = []  # for tests and debugging (stats of every compiled graph)
+# For tests and debugging: how many FX graphs (forward, backward, inference) the backend
+# received, and the live ones (their .stats say how often each was captured/replayed).
+fx_graphs_compiled = 0
+_compiled_graphs = weakref.WeakSet()
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):

@@ -152,7 +152,7 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
   capture->random_seed_slots = std::move(run.random_seed_slots);
   if (!capture->float_scalars.empty()) capture->float_pack = upload_scalars(capture->float_scalars, device);
   if (!capture->int_scalars.empty()) capture->int_pack = upload_ints(capture->int_scalars, device);
-  for (const ValuePtr& r : roots) capture->result_types.push_back(r->type);
+  capture->result_types = std::move(run.result_types);  // roots first, then values only kept live
   g_captures++;
   return capture;
 }

@@ -460,8 +460,21 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
   graph.donate = false;
   if (hooks_.python_origin) graph.origin = hooks_.python_origin();
   graph.roots = roots;
+  // Other live pending values made by the captured code (functional views' bases, say)
+  // are computed too, as a flush would: left pending, they would be recomputed later.
+  std::unordered_set<const Value*> seen;
+  for (const ValuePtr& r : roots) seen.insert(r.get());
+  for (auto& weak : pending_) {
+    ValuePtr v = weak.lock();
+    if (!v || !v->pending() || v->device != device || seen.count(v.get())) continue;
+    if (v.use_count() - 1 > v->node_uses.load()) {
+      seen.insert(v.get());
+      graph.roots.push_back(v);
+    }
+  }
   CaptureRun run;
-  if (roots.empty()) return run;
+  for (const ValuePtr& r : graph.roots) run.result_types.push_back(r->type);
+  if (graph.roots.empty()) return run;
   collect_nodes(&graph, graph.roots);
   // Random nodes take (seed, offset) as their last two args; note them before running
   // (run_graph releases the nodes).
