@@ -80,8 +80,11 @@ BufferPtr upload_ints(const std::vector<int64_t>& values, int device) {
 void capture_begin(const std::vector<at::Tensor>& inputs) {
   EngineLock lock;
   Engine& e = Engine::get();
+  // All pending work runs first (the inputs' and anything else): the pending graph then
+  // holds exactly what the FX graph records.
   for (const at::Tensor& t : inputs)
-    if (is_tpu(t)) e.materialize(value_of(t, t.device().index()));
+    if (is_tpu(t)) value_of(t, t.device().index());  // functional views sync here
+  e.sync(false);
   g_begin.active = true;
   g_begin.execute_count = e.metrics().execute_count.load();
   g_begin.fallbacks = fallback_total(e);
