@@ -65,6 +65,7 @@ struct Engine::Graph {
   std::vector<std::vector<int>> lifted_slots;
   uint64_t hash = 0;
   std::string origin;
+  bool donate = true;  // false for captured graphs (their parameters belong to the caller)
 };
 
 namespace {
@@ -254,7 +255,7 @@ void Engine::run_graph(Graph& g) {
   for (size_t p = 0; p < g.params.size(); ++p) {
     const ValuePtr& param = g.params[p];
     bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer.use_count() == 1;
-    if (!unheld || param->type.numel() == 0) continue;
+    if (!g.donate || !unheld || param->type.numel() == 0) continue;
     for (size_t r = 0; r < g.roots.size(); ++r) {
       if (!root_taken[r] && g.roots[r]->type == param->type) {
         root_taken[r] = true;
@@ -451,6 +452,49 @@ ExecutablePtr Engine::compile_graph(Graph& g) {
   previous = std::move(signature);
   if (!key.empty()) disk_cache_store(cache_dir_, key, rt.serialize(*exe), hooks_.warn);
   return exe;
+}
+
+// ---- torch.compile capture support (see engine/capture.cpp) ---------------------------
+
+Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, int device) {
+  Graph graph;
+  graph.device = device;
+  graph.donate = false;
+  if (hooks_.python_origin) graph.origin = hooks_.python_origin();
+  graph.roots = roots;
+  // Other live pending values made by the captured code (functional views' bases, say)
+  // are computed too, as a flush would: left pending, they would be recomputed later.
+  std::unordered_set<const Value*> seen;
+  for (const ValuePtr& r : roots) seen.insert(r.get());
+  for (auto& weak : pending_) {
+    ValuePtr v = weak.lock();
+    if (!v || !v->pending() || v->device != device || seen.count(v.get())) continue;
+    if (v.use_count() - 1 > v->node_uses.load()) {
+      seen.insert(v.get());
+      graph.roots.push_back(v);
+    }
+  }
+  CaptureRun run;
+  for (const ValuePtr& r : graph.roots) run.result_types.push_back(r->type);
+  if (graph.roots.empty()) return run;
+  collect_nodes(&graph, graph.roots);
+  // Random nodes take (seed, offset) as their last two args; note them before running
+  // (run_graph releases the nodes).
+  std::vector<std::pair<size_t, size_t>> random_nodes;  // (node index, seed arg index)
+  for (size_t n = 0; n < graph.nodes.size(); ++n)
+    if (graph.nodes[n]->rule->random && graph.nodes[n]->args.size() >= 2)
+      random_nodes.emplace_back(n, graph.nodes[n]->args.size() - 2);
+  run_graph(graph);
+  run.executable = memory_cache_.at(graph.hash).executable;
+  run.params = graph.params;
+  run.float_scalars = graph.float_scalars;
+  run.int_scalars = graph.int_scalars;
+  for (auto [n, a] : random_nodes) run.random_seed_slots.push_back(graph.lifted_slots[n][a]);
+  return run;
+}
+
+void Engine::note_results(const std::vector<BufferPtr>& results) {
+  last_results_ = results;
 }
 
 }  // namespace torchtpu

@@ -77,6 +77,23 @@ class Engine {
 
   struct Graph;  // defined in engine.cpp
 
+  // ---- torch.compile capture support (used by engine/capture.cpp) -------------------
+  struct CaptureRun {
+    ExecutablePtr executable;               // null when there was nothing to run
+    std::vector<ValuePtr> params;           // executable parameters, in order
+    std::vector<TensorType> result_types;   // the roots asked for first, then other live values
+    std::vector<double> float_scalars;      // lifted scalars, as passed this time
+    std::vector<int64_t> int_scalars;
+    std::vector<int> random_seed_slots;     // per random node: int-scalar slot of its seed (offset follows)
+  };
+  // Compiles (or finds in the caches) and runs the pending graph that computes `roots`
+  // (and any other live pending value) on `device`, donating no parameter. The executable's
+  // results are `roots` first. The caller holds the engine lock.
+  CaptureRun run_for_capture(const std::vector<ValuePtr>& roots, int device);
+  // Buffers computed outside run_graph (captured executables), for sync(wait=true).
+  void note_results(const std::vector<BufferPtr>& results);
+  // ---- end of capture support ---------------------------------------------------------
+
  private:
   struct CachedGraph {
     ExecutablePtr executable;

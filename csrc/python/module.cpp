@@ -2,11 +2,13 @@
 #include <pybind11/pybind11.h>
 #include <frameobject.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "device/generator.h"
 #include "device/kernels.h"
 #include "device/tensor.h"
+#include "engine/capture.h"
 #include "engine/engine.h"
 #include "lowering/registry.h"
 
@@ -121,4 +123,58 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("initial_seed", [](int d) { return default_generator(d).current_seed(); });
   m.def("default_generator", [](int d) { return default_generator(d); });
+
+  // ---- torch.compile: captured graphs (engine/capture.h, torchtpu/compiler.py) ----------
+  struct CaptureHandle {
+    CapturePtr capture;
+  };
+  py::class_<CaptureHandle>(m, "_Capture")
+      .def("__repr__", [](const CaptureHandle& h) { return describe_capture(*h.capture); });
+  // FX inputs/outputs as tensors; an undefined tensor stands for each non-tensor item.
+  static auto tensors_of = [](const py::sequence& items) {
+    std::vector<at::Tensor> out;
+    out.reserve(items.size());
+    for (const py::handle& item : items)
+      out.push_back(THPVariable_Check(item.ptr()) ? THPVariable_Unpack(item.ptr()) : at::Tensor());
+    return out;
+  };
+  m.def("capture_begin", [](const py::sequence& inputs) {
+    auto tensors = tensors_of(inputs);
+    py::gil_scoped_release release;
+    capture_begin(tensors);
+  });
+  m.def("capture_abort", &capture_abort);
+  m.def("capture_end", [](const py::sequence& inputs, const py::sequence& outputs) -> py::object {
+    auto ins = tensors_of(inputs), outs = tensors_of(outputs);
+    CapturePtr capture;
+    {
+      py::gil_scoped_release release;
+      capture = capture_end(ins, outs);
+    }
+    if (!capture) return py::none();
+    return py::cast(CaptureHandle{capture});
+  });
+  // The FX outputs (None for non-tensor ones), or None when the inputs do not fit.
+  m.def("run_captured", [](const CaptureHandle& handle, const py::sequence& inputs) -> py::object {
+    auto ins = tensors_of(inputs);
+    std::optional<std::vector<at::Tensor>> outs;
+    {
+      py::gil_scoped_release release;
+      outs = run_captured(*handle.capture, ins);
+    }
+    if (!outs) return py::none();
+    py::list result(outs->size());
+    for (size_t i = 0; i < outs->size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap((*outs)[i]));
+    return std::move(result);
+  });
+  m.def("capture_stats", [] {
+    CaptureStats s = capture_stats();
+    py::dict d;
+    d["captures"] = s.captures;
+    d["uncapturable"] = s.uncapturable;
+    d["replays"] = s.replays;
+    d["misses"] = s.misses;
+    return d;
+  });
+  // ---- end of torch.compile block ---------------------------------------------------------
 }

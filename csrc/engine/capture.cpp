@@ -1,0 +1,249 @@
+// Compiled-graph capture and replay for torch.compile (see capture.h and torchtpu/compiler.py).
+#include "engine/capture.h"
+
+#include <sstream>
+#include <unordered_map>
+
+#include "device/generator.h"
+#include "device/tensor.h"
+#include "engine/engine.h"
+
+namespace torchtpu {
+
+struct Capture {
+  int device = 0;
+  ExecutablePtr executable;  // null when every output is an input or a constant
+  // Per FX input: its type when it is a tpu tensor (checked on every replay).
+  std::vector<std::optional<TensorType>> input_types;
+  // Pairs of FX inputs that held the same value when captured (a parameter reads the first).
+  std::vector<std::pair<int, int>> alias_pairs;
+  struct Param {
+    int input = -1;     // the FX input whose buffer this parameter is, or -1:
+    ValuePtr constant;  // a value made inside the graph from no input (an uploaded constant)
+  };
+  std::vector<Param> params;
+  std::vector<double> float_scalars;
+  std::vector<int64_t> int_scalars;
+  BufferPtr float_pack, int_pack;  // uploaded once; the int pack again per call for random ops
+  std::vector<int> random_seed_slots;
+  std::vector<TensorType> result_types;
+  struct Output {
+    enum class Kind { None, Root, Input, Constant } kind = Kind::None;
+    int index = -1;  // root or input index
+    ValuePtr constant;
+  };
+  std::vector<Output> outputs;
+};
+
+namespace {
+
+struct BeginState {
+  bool active = false;
+  int64_t execute_count = 0;
+  int64_t fallbacks = 0;
+};
+thread_local BeginState g_begin;
+
+std::atomic<int64_t> g_captures{0}, g_uncapturable{0}, g_replays{0}, g_misses{0};
+
+int64_t fallback_total(Engine& e) {
+  int64_t n = 0;
+  for (const auto& [op, count] : e.metrics().fallback_ops) n += count;
+  return n;
+}
+
+int device_of(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  for (const auto* list : {&inputs, &outputs})
+    for (const at::Tensor& t : *list)
+      if (is_tpu(t)) return t.device().index();
+  return current_device();
+}
+
+BufferPtr upload_scalars(const std::vector<double>& values, int device) {
+  Runtime& rt = runtime();
+  bool f32 = rt.platform() == "tpu";  // as in Engine::run_graph
+  TensorType t{{static_cast<int64_t>(values.size())}, f32 ? DType::Float32 : DType::Float64};
+  if (f32) {
+    std::vector<float> narrow(values.begin(), values.end());
+    return rt.upload_bytes(narrow.data(), t, device);
+  }
+  return rt.upload_bytes(values.data(), t, device);
+}
+
+BufferPtr upload_ints(const std::vector<int64_t>& values, int device) {
+  TensorType t{{static_cast<int64_t>(values.size())}, DType::Int64};
+  return runtime().upload_bytes(values.data(), t, device);
+}
+
+}  // namespace
+
+void capture_begin(const std::vector<at::Tensor>& inputs) {
+  EngineLock lock;
+  Engine& e = Engine::get();
+  // All pending work runs first (the inputs' and anything else): the pending graph then
+  // holds exactly what the FX graph records.
+  for (const at::Tensor& t : inputs)
+    if (is_tpu(t)) value_of(t, t.device().index());  // functional views sync here
+  e.sync(false);
+  g_begin.active = true;
+  g_begin.execute_count = e.metrics().execute_count.load();
+  g_begin.fallbacks = fallback_total(e);
+}
+
+void capture_abort() { g_begin.active = false; }
+
+CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  EngineLock lock;
+  Engine& e = Engine::get();
+  // One pending graph: nothing ran (no flush) and nothing fell back to CPU since the start.
+  bool ok = g_begin.active && e.mode() == Mode::Fused && e.metrics().execute_count.load() == g_begin.execute_count &&
+            fallback_total(e) == g_begin.fallbacks;
+  g_begin.active = false;
+  int device = device_of(inputs, outputs);
+  auto capture = std::make_shared<Capture>();
+  capture->device = device;
+  std::unordered_map<const Value*, int> input_of;
+  capture->input_types.resize(inputs.size());
+  for (size_t i = 0; ok && i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!t.defined()) continue;
+    if (!is_tpu(t) || t.device().index() != device) { ok = false; break; }
+    ValuePtr v = value_of(t, device);
+    capture->input_types[i] = v->type;
+    auto [it, inserted] = input_of.emplace(v.get(), static_cast<int>(i));
+    if (!inserted) capture->alias_pairs.emplace_back(it->second, static_cast<int>(i));
+  }
+  std::vector<ValuePtr> roots;
+  std::unordered_map<const Value*, int> root_of;
+  for (size_t k = 0; ok && k < outputs.size(); ++k) {
+    Capture::Output out;
+    const at::Tensor& t = outputs[k];
+    if (t.defined()) {
+      if (!is_tpu(t) || t.device().index() != device) { ok = false; break; }
+      ValuePtr v = value_of(t, device);
+      if (v->pending()) {
+        auto [it, inserted] = root_of.emplace(v.get(), static_cast<int>(roots.size()));
+        if (inserted) roots.push_back(v);
+        out.kind = Capture::Output::Kind::Root;
+        out.index = it->second;
+      } else if (input_of.count(v.get())) {
+        out.kind = Capture::Output::Kind::Input;
+        out.index = input_of.at(v.get());
+      } else {
+        out.kind = Capture::Output::Kind::Constant;
+        out.constant = v;
+      }
+    }
+    capture->outputs.push_back(std::move(out));
+  }
+  if (!ok) {
+    g_uncapturable++;
+    e.sync(false);  // interpreter semantics: the graph's work runs now
+    return nullptr;
+  }
+  Engine::CaptureRun run = e.run_for_capture(roots, device);
+  capture->executable = run.executable;
+  for (const ValuePtr& p : run.params) {
+    Capture::Param param;
+    auto it = input_of.find(p.get());
+    if (it != input_of.end()) param.input = it->second;
+    else param.constant = p;
+    capture->params.push_back(std::move(param));
+  }
+  capture->float_scalars = std::move(run.float_scalars);
+  capture->int_scalars = std::move(run.int_scalars);
+  capture->random_seed_slots = std::move(run.random_seed_slots);
+  if (!capture->float_scalars.empty()) capture->float_pack = upload_scalars(capture->float_scalars, device);
+  if (!capture->int_scalars.empty()) capture->int_pack = upload_ints(capture->int_scalars, device);
+  capture->result_types = std::move(run.result_types);  // roots first, then values only kept live
+  g_captures++;
+  return capture;
+}
+
+std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vector<at::Tensor>& inputs) {
+  EngineLock lock;
+  Engine& e = Engine::get();
+  if (inputs.size() != c.input_types.size()) { g_misses++; return std::nullopt; }
+  std::vector<ValuePtr> values(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!c.input_types[i]) {
+      if (t.defined()) { g_misses++; return std::nullopt; }
+      continue;
+    }
+    if (!is_tpu(t) || t.device().index() != c.device) { g_misses++; return std::nullopt; }
+    values[i] = value_of(t, c.device);
+    if (!(values[i]->type == *c.input_types[i])) { g_misses++; return std::nullopt; }
+  }
+  for (auto [a, b] : c.alias_pairs)
+    if (values[a] != values[b]) { g_misses++; return std::nullopt; }
+
+  std::vector<BufferPtr> results;
+  if (c.executable) {
+    std::vector<BufferPtr> args;
+    args.reserve(c.params.size() + 2);
+    for (const Capture::Param& p : c.params)
+      args.push_back(e.materialize(p.input >= 0 ? values[p.input] : p.constant));
+    if (c.float_pack) args.push_back(c.float_pack);
+    if (c.int_pack) {
+      if (c.random_seed_slots.empty()) {
+        args.push_back(c.int_pack);
+      } else {
+        // Each random op draws a fresh (seed, offset) from the device's generator, as in eager.
+        auto* gen = dynamic_cast<TpuGeneratorImpl*>(default_generator(c.device).unsafeGetGeneratorImpl());
+        std::vector<int64_t> ints = c.int_scalars;
+        for (int slot : c.random_seed_slots) {
+          auto [seed, offset] = gen->next();
+          ints[slot] = static_cast<int64_t>(seed);
+          ints[slot + 1] = static_cast<int64_t>(offset);
+        }
+        args.push_back(upload_ints(ints, c.device));
+      }
+    }
+    results = runtime().execute(*c.executable, args, c.result_types, c.device);
+    e.metrics().execute_count++;
+    e.note_results(results);
+  }
+  g_replays++;
+  std::vector<at::Tensor> root_tensors;
+  root_tensors.reserve(results.size());
+  for (BufferPtr& b : results) root_tensors.push_back(make_tensor(e.from_buffer(std::move(b))));
+  std::vector<at::Tensor> out;
+  out.reserve(c.outputs.size());
+  for (const Capture::Output& o : c.outputs) {
+    switch (o.kind) {
+      case Capture::Output::Kind::None: out.emplace_back(); break;
+      case Capture::Output::Kind::Root: out.push_back(wrap_for_user(root_tensors[o.index])); break;
+      case Capture::Output::Kind::Input: out.push_back(inputs[o.index]); break;
+      case Capture::Output::Kind::Constant: out.push_back(wrap_for_user(make_tensor(o.constant))); break;
+    }
+  }
+  return out;
+}
+
+CaptureStats capture_stats() {
+  return CaptureStats{g_captures.load(), g_uncapturable.load(), g_replays.load(), g_misses.load()};
+}
+
+std::string describe_capture(const Capture& c) {
+  std::ostringstream s;
+  s << "capture on tpu:" << c.device << ", " << c.params.size() << " parameters (";
+  for (size_t p = 0; p < c.params.size(); ++p)
+    s << (p ? " " : "") << (c.params[p].input >= 0 ? "in" + std::to_string(c.params[p].input) : std::string("const"));
+  s << "), " << c.float_scalars.size() << " float and " << c.int_scalars.size() << " int scalars, "
+    << c.random_seed_slots.size() << " random ops, outputs (";
+  for (size_t k = 0; k < c.outputs.size(); ++k) {
+    const auto& o = c.outputs[k];
+    s << (k ? " " : "");
+    switch (o.kind) {
+      case Capture::Output::Kind::None: s << "-"; break;
+      case Capture::Output::Kind::Root: s << "r" << o.index; break;
+      case Capture::Output::Kind::Input: s << "in" << o.index; break;
+      case Capture::Output::Kind::Constant: s << "const"; break;
+    }
+  }
+  s << ")";
+  return s.str();
+}
+
+}  // namespace torchtpu
