@@ -22,6 +22,9 @@ class TpuGeneratorImpl final : public c10::GeneratorImpl {
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override;
   // The (seed, offset) pair for the next random op.
   std::pair<uint64_t, uint64_t> next();
+  // The RNG key of the next random op: (seed, offset) hashed, so consecutive ops draw
+  // from independent streams (the counter of each starts at zero).
+  int64_t next_key();
 
  private:
   TpuGeneratorImpl* clone_impl() const override;

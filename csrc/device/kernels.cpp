@@ -244,14 +244,7 @@ void append_generator_args(ParsedOp& p, const std::vector<c10::IValue>& args) {
     if (v.isGenerator()) chosen = v.toGenerator();
   auto* impl = dynamic_cast<TpuGeneratorImpl*>(chosen.unsafeGetGeneratorImpl());
   TORCH_CHECK(impl, "torchtpu: random ops on tpu need a tpu generator (torch.Generator(device=\"tpu\"))");
-  auto [seed, offset] = impl->next();
-  // One independent stream per (seed, offset): the pair is hashed into the RNG key and the
-  // counter starts at zero, so consecutive ops never share random bits.
-  uint64_t key = seed * 0x9E3779B97F4A7C15ull + offset;
-  key = (key ^ (key >> 30)) * 0xBF58476D1CE4E5B9ull;
-  key = (key ^ (key >> 27)) * 0x94D049BB133111EBull;
-  key ^= key >> 31;
-  p.args.push_back(Arg::integer(static_cast<int64_t>(key), true));
+  p.args.push_back(Arg::integer(impl->next_key(), true));
   p.args.push_back(Arg::integer(0, true));
 }
 

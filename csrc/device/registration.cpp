@@ -114,6 +114,15 @@ std::pair<uint64_t, uint64_t> TpuGeneratorImpl::next() {
   return {seed_, offset_++};
 }
 
+int64_t TpuGeneratorImpl::next_key() {
+  auto [seed, offset] = next();
+  uint64_t key = seed * 0x9E3779B97F4A7C15ull + offset;
+  key = (key ^ (key >> 30)) * 0xBF58476D1CE4E5B9ull;
+  key = (key ^ (key >> 27)) * 0x94D049BB133111EBull;
+  key ^= key >> 31;
+  return static_cast<int64_t>(key);
+}
+
 void TpuGeneratorImpl::set_state(const c10::TensorImpl& state) {
   TORCH_CHECK(state.numel() == 16 && state.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
               "torchtpu: a tpu generator state is a uint8 tensor of 16 bytes");

@@ -193,9 +193,8 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
         auto* gen = dynamic_cast<TpuGeneratorImpl*>(default_generator(c.device).unsafeGetGeneratorImpl());
         std::vector<int64_t> ints = c.int_scalars;
         for (int slot : c.random_seed_slots) {
-          auto [seed, offset] = gen->next();
-          ints[slot] = static_cast<int64_t>(seed);
-          ints[slot + 1] = static_cast<int64_t>(offset);
+          ints[slot] = gen->next_key();
+          ints[slot + 1] = 0;
         }
         args.push_back(upload_ints(ints, c.device));
       }

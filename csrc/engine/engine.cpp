@@ -494,7 +494,7 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
 }
 
 void Engine::note_results(const std::vector<BufferPtr>& results) {
-  last_results_ = results;
+  last_results_.assign(results.begin(), results.end());
 }
 
 }  // namespace torchtpu
