@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -283,6 +284,14 @@ bool lower_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::ji
       lock.lock();
       meta_cache()[key] = sig;
     }
+  }
+  // clone/detach/alias of an unchanged type: values are immutable (in-place ops swap them),
+  // so the result can share the input's value; no node, no launch.
+  if (rule->data && std::strcmp(rule->data, "identity") == 0 && sig.types.size() == 1 && !p.operands.empty() &&
+      p.operands[0]->type == sig.types[0]) {
+    torch::jit::drop(*stack, n);
+    stack->push_back(wrap_for_user(make_tensor(p.operands[0])));
+    return true;
   }
   if (rule->random) append_generator_args(p, args);
   std::vector<ValuePtr> values = Engine::get().record(rule, std::move(p.args), std::move(p.operands), sig.types, p.device);

@@ -180,10 +180,10 @@ LOWERING("aten::threshold_backward", lower_threshold_backward);
 LOWERING("aten::fill.Scalar", lower_fill);
 LOWERING("aten::fill.Tensor", lower_fill);
 LOWERING("aten::zero", lower_fill);
-LOWERING("aten::clone", lower_identity);
-LOWERING("aten::alias_copy", lower_identity);
-LOWERING("aten::lift_fresh_copy", lower_identity);
-LOWERING("aten::detach_copy", lower_identity);
+LOWERING("aten::clone", lower_identity, "identity");
+LOWERING("aten::alias_copy", lower_identity, "identity");
+LOWERING("aten::lift_fresh_copy", lower_identity, "identity");
+LOWERING("aten::detach_copy", lower_identity, "identity");
 
 }  // namespace
 }  // namespace torchtpu
