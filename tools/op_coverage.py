@@ -39,6 +39,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATUSES = ("pass", "fallback", "fail", "crash", "timeout", "n/a")
 REASON_CHARS = 400
+# Ops whose output is uninitialized memory (compared on shapes and dtypes only).
+UNINITIALIZED = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
+# Ops whose positional arguments after the input must stay on CPU (index tensors).
+CPU_INDEX_ARGS = {"tensor_split"}
 
 
 # =========================================================================================
@@ -255,6 +259,9 @@ class _Worker:
             progress({"phase": "fwd", "sample": index})
             args = (sample.input, sample.args, sample.kwargs)
             tpu_args = self.to_tpu(args)
+            if op.name in CPU_INDEX_ARGS:
+                # PyTorch requires these arguments on CPU (OpInfo creates them with device="cpu").
+                tpu_args = (tpu_args[0], self.clone(sample.args), tpu_args[2])
             cpu_args = self.clone(args)
             cpu_args2 = self.clone(args)
             try:
@@ -270,6 +277,8 @@ class _Worker:
             # shapes and dtypes are compared (values still are when they happen to match,
             # e.g. when the op fell back to CPU).
             random = self.seeded_in_wrapper(op) and op.name != "item"
+            if op.name in UNINITIALIZED:
+                random = True  # uninitialized memory: only shapes and dtypes are meaningful
             try:
                 self.compare(expected2, expected, on_tpu=False)
             except Exception:  # noqa: BLE001
@@ -300,7 +309,8 @@ class _Worker:
         else:
             result["fwd"] = "fallback" if fwd_fallback else "pass"
             if result.get("random_values_differ"):
-                result["reason"] = "random op: values differ from CPU's RNG; shapes/dtypes match"
+                result["reason"] = ("uninitialized output: shapes/dtypes match" if op.name in UNINITIALIZED
+                                    else "random op: values differ from CPU's RNG; shapes/dtypes match")
         progress({"phase": "fwd-done", "partial": result})
 
         # ---- backward -------------------------------------------------------------------
@@ -492,7 +502,7 @@ def _crash_log(text):
     return " | ".join(lines[-6:])
 
 
-def run(ops=None, samples=3, backward=True, timeout=20.0, jobs=1, mode="fused", cache_dir=None,
+def run(ops=None, samples=3, backward=True, timeout=60.0, jobs=1, mode="fused", cache_dir=None,
         verbose=False, max_ops_per_worker=0, log=None):
     """Runs the coverage; returns {"meta": ..., "summary": ..., "ops": {key: record}}."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -685,7 +695,9 @@ def write_markdown(data: dict, path: str, top: int = 30):
         "defaults (rtol 1.3e-6, atol 1e-5, equal_nan). Backward compares the gradients of the sum of "
         "the float outputs w.r.t. the float inputs. An op passes only if every tried sample passes; "
         "`fallback` means it passed but some aten ops ran on CPU. Random ops (the CPU result depends "
-        "on the seed) are compared on shapes and dtypes only.",
+        "on the seed, or OpInfo wraps them in `wrapper_set_seed`) and `empty*` ops are compared on "
+        "shapes and dtypes only when their values differ from CPU's. Crashes (the worker process died) "
+        "and timeouts are per op; a worker is restarted after each.",
         "",
         f"Run: torch {meta.get('torch')}, jaxlib {meta.get('jaxlib')}, commit {meta.get('git_commit')}, "
         f"mode `{meta['mode']}`, {meta['samples_per_op']} samples/op, backward {'on' if meta['backward'] else 'off'}, "
@@ -746,7 +758,7 @@ def main(argv=None):
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--samples", type=int, default=3, help="sample inputs per op (default 3)")
     parser.add_argument("--no-backward", action="store_true", help="forward only")
-    parser.add_argument("--timeout", type=float, default=20.0, help="seconds per op (default 20)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per op (default 60)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--mode", default="fused", choices=("fused", "strict", "debug"))
     parser.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant); default all")
