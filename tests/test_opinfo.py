@@ -3,17 +3,18 @@ on tpu against CPU (tools/op_coverage.py; ops run in worker subprocesses, so a c
 is reported instead of killing pytest).
 
 The floors only go up: when lowerings land, raise them to the new measured numbers
-(`PYTHONPATH=. .venv/bin/python tools/op_coverage.py --samples 2 --no-backward --no-md`
-prints them as forward_passing and forward_passing_no_fallback).
+(`PYTHONPATH=. .venv/bin/python tools/op_coverage.py --samples 2 --no-md` prints
+them as forward_passing, forward_passing_no_fallback and backward_passing).
 """
 import importlib.util
 import os
 
 import pytest
 
-# Measured with SAMPLES samples/op, forward only, fused mode.
-FLOOR_FORWARD = 0           # OpInfo ops whose forward matches CPU (with or without fallback)
-FLOOR_NO_FALLBACK = 0       # ... of which nothing fell back to CPU
+# Measured with SAMPLES samples/op, forward and backward, fused mode (3m17s on 2 shared cores).
+FLOOR_FORWARD = 618         # OpInfo ops whose forward matches CPU (with or without fallback)
+FLOOR_NO_FALLBACK = 160     # ... of which nothing fell back to CPU
+FLOOR_BACKWARD = 463        # OpInfo ops whose gradients match CPU (with or without fallback)
 SAMPLES = 2
 TIMEOUT_S = 60.0
 
@@ -31,12 +32,12 @@ def _load_harness():
 def coverage():
     harness = _load_harness()
     jobs = int(os.environ.get("TORCHTPU_OPINFO_JOBS", "1"))
-    data = harness.run(samples=SAMPLES, backward=False, timeout=TIMEOUT_S, jobs=jobs, mode="fused",
+    data = harness.run(samples=SAMPLES, backward=True, timeout=TIMEOUT_S, jobs=jobs, mode="fused",
                        log=lambda message: None)
     s = data["summary"]
     print(f"\nopinfo: {s['ops_total']} ops, forward_passing={s['forward_passing']}, "
           f"forward_passing_no_fallback={s['forward_passing_no_fallback']}, fail={s['forward']['fail']}, "
-          f"crashes={s['crashes']}, timeouts={s['timeouts']}, {data['meta']['runtime_s']}s")
+          f"backward_passing={s['backward_passing']}, crashes={s['crashes']}, timeouts={s['timeouts']}, {data['meta']['runtime_s']}s")
     return data
 
 
@@ -63,3 +64,10 @@ def test_opinfo_no_fallback_floor(coverage):
     assert s["forward_passing_no_fallback"] >= FLOOR_NO_FALLBACK, (
         f"{s['forward_passing_no_fallback']} OpInfo ops pass forward without fallback, "
         f"floor is {FLOOR_NO_FALLBACK}")
+
+
+def test_opinfo_backward_floor(coverage):
+    s = coverage["summary"]
+    assert s["backward_passing"] >= FLOOR_BACKWARD, (
+        f"{s['backward_passing']} OpInfo ops pass backward, floor is {FLOOR_BACKWARD}; "
+        f"failing: {sorted(k for k, r in coverage['ops'].items() if r['bwd'] == 'fail')}")
