@@ -76,6 +76,12 @@ c10::IValue to_meta(const c10::IValue& v) {
     // A Python number passed as a tensor (x + 1.5) promotes like a scalar, not a tensor:
     // keep it as the CPU scalar it is (meta kernels accept CPU scalars).
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) return v;
+    // A view made below functionalization keeps its geometry over its root's storage, so
+    // that meta kernels of further views compute strides and offsets relative to the root.
+    if (auto* impl = dynamic_cast<TpuTensorImpl*>(t.unsafeGetTensorImpl()); impl && impl->view_of()) {
+      at::Tensor root = at::empty({impl->view_of()->root->numel()}, t.options().device(c10::kMeta));
+      return root.as_strided(t.sizes(), t.strides(), t.storage_offset());
+    }
     return at::empty(t.sizes(), t.options().device(c10::kMeta));
   }
   if (v.isTensorList()) {
@@ -528,11 +534,80 @@ bool lower_mutable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
+// View ops on inner tensors (PyTorch's composite kernels call them below
+// functionalization): the result is a TpuTensorImpl that reads from and writes through to
+// its root (see TpuTensorImpl::become_view).
+bool is_view_op(const c10::FunctionSchema& schema) {
+  if (schema.returns().empty() || schema.arguments().empty()) return false;
+  const auto* ret = schema.returns()[0].alias_info();
+  const auto* arg = schema.arguments()[0].alias_info();
+  return ret && !ret->isWrite() && arg && !arg->isWrite();
+}
+
+bool is_inplace_view_op(const std::string& name) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::transpose_", "aten::t_", "aten::unsqueeze_", "aten::squeeze_", "aten::squeeze_.dim",
+      "aten::squeeze_.dims", "aten::as_strided_", "aten::swapdims_", "aten::swapaxes_"};
+  return ops.count(name) > 0;
+}
+
+bool lower_raw_view(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool inplace) {
+  const auto& schema = op.schema();
+  size_t n = schema.arguments().size();
+  std::vector<c10::IValue> args(stack->end() - n, stack->end());
+  if (!args[0].isTensor() || !is_tpu(args[0].toTensor())) return false;
+  at::Tensor self = args[0].toTensor();
+  if (at::functionalization::impl::isFunctionalTensor(self)) return false;
+  auto* self_impl = dynamic_cast<TpuTensorImpl*>(self.unsafeGetTensorImpl());
+  if (!self_impl) return false;
+  torch::jit::Stack meta;
+  for (const auto& a : args) meta.push_back(to_meta(a));
+  try {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const std::exception&) {
+    return false;
+  }
+  std::vector<at::Tensor> views;
+  for (const auto& r : meta) {
+    if (r.isTensor()) views.push_back(r.toTensor());
+    else if (r.isTensorList()) for (const at::Tensor& t : r.toTensorList()) views.push_back(t);
+    else return false;
+  }
+  for (const auto& v : views)
+    if (v.scalar_type() != self.scalar_type()) return false;  // dtype views stay on CPU
+  c10::intrusive_ptr<TpuTensorImpl> root = c10::intrusive_ptr<TpuTensorImpl>::reclaim_copy(self_impl);
+  if (root->view_of()) root = root->view_of()->root;
+  auto make_view = [&](const at::Tensor& m) {
+    auto impl = c10::make_intrusive<TpuTensorImpl>(root->value(), self.device());
+    impl->become_view(root, m.sizes().vec(), m.strides().vec(), m.storage_offset());
+    return at::Tensor(std::move(impl));
+  };
+  if (inplace) {
+    self_impl->become_view(root, views[0].sizes().vec(), views[0].strides().vec(), views[0].storage_offset());
+    torch::jit::drop(*stack, n);
+    stack->push_back(self);
+    return true;
+  }
+  torch::jit::drop(*stack, n);
+  const auto& ret_type = schema.returns()[0].type();
+  if (ret_type->kind() == c10::TypeKind::ListType) {
+    c10::List<at::Tensor> list;
+    for (const auto& v : views) list.push_back(make_view(v));
+    stack->push_back(std::move(list));
+  } else {
+    stack->push_back(make_view(views[0]));
+  }
+  return true;
+}
+
 void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   translate_errors([&] {
     std::string name = op_name(op);
     const LoweringRule* rule = find_lowering(name);
     if (rule && !op.schema().is_mutable() && lower_op(op, rule, stack)) return;
+    if (!rule && is_view_op(op.schema()) && lower_raw_view(op, stack, false)) return;
+    if (!rule && is_inplace_view_op(name) && lower_raw_view(op, stack, true)) return;
     if (!rule && op.schema().is_mutable() && lower_mutable(op, stack)) return;
     if (!rule && name.rfind("aten::_foreach_", 0) == 0 && !op.schema().is_mutable() && decompose_foreach(op, stack))
       return;

@@ -30,21 +30,98 @@ TpuTensorImpl::TpuTensorImpl(ValuePtr value, c10::Device device)
   set_sizes_contiguous(value_->type.shape);
 }
 
+namespace {
+
+Arg int_list(const std::vector<int64_t>& v) {
+  Arg a;
+  a.kind = Arg::Kind::IntList;
+  a.ints = v;
+  return a;
+}
+
+const LoweringRule* required_rule(const char* name) {
+  const LoweringRule* rule = find_lowering(name);
+  TORCH_INTERNAL_ASSERT(rule, "torchtpu: missing lowering ", name);
+  return rule;
+}
+
+// The elements of a view, read from its root's value.
+ValuePtr read_view(const ValuePtr& root, const TpuTensorImpl::ViewOf& v) {
+  static const LoweringRule* rule = required_rule("aten::as_strided_copy");
+  TensorType out{v.sizes, root->type.dtype};
+  return Engine::get().record(rule, {Arg::tensor(0), int_list(v.sizes), int_list(v.strides), Arg::integer(v.offset)},
+                              {root}, {out}, root->device)[0];
+}
+
+// The root's value with a view's elements replaced.
+ValuePtr write_view(const ValuePtr& root, const ValuePtr& src, const TpuTensorImpl::ViewOf& v) {
+  static const LoweringRule* rule = required_rule("aten::as_strided_scatter");
+  return Engine::get().record(rule,
+                              {Arg::tensor(0), Arg::tensor(1), int_list(v.sizes), int_list(v.strides),
+                               Arg::integer(v.offset)},
+                              {root, src}, {root->type}, root->device)[0];
+}
+
+}  // namespace
+
+const ValuePtr& TpuTensorImpl::value() {
+  // Composite kernels may restride an inner tensor directly (transpose_ calls as_strided_,
+  // which sets sizes and strides without dispatching): the tensor is then a view of what
+  // it held before.
+  bool drifted = view_ ? (sizes() != c10::IntArrayRef(view_->sizes) || strides() != c10::IntArrayRef(view_->strides) ||
+                          storage_offset() != view_->offset)
+                       : (sizes() != c10::IntArrayRef(value_->type.shape) || !is_contiguous() || storage_offset() != 0);
+  if (drifted) {
+    c10::intrusive_ptr<TpuTensorImpl> root;
+    if (view_) {
+      root = view_->root;
+    } else {
+      root = c10::make_intrusive<TpuTensorImpl>(value_, device());
+    }
+    become_view(root, sizes().vec(), strides().vec(), storage_offset());
+  }
+  if (view_ && view_->root->value_ != view_->root_value_seen) {
+    view_->root_value_seen = view_->root->value_;
+    value_ = read_view(view_->root_value_seen, *view_);
+  }
+  return value_;
+}
+
 void TpuTensorImpl::set_value(ValuePtr value) {
   if (value->type.dtype != value_->type.dtype)
     throw std::logic_error("torchtpu: set_value changed a tensor's dtype");
   bool reshaped = value->type.shape != value_->type.shape;
+  if (view_ && !reshaped) {
+    ValuePtr root_value = write_view(view_->root->value(), value, *view_);
+    view_->root->set_value(root_value);
+    view_->root_value_seen = view_->root->value_;
+    value_ = std::move(value);
+    return;
+  }
+  view_.reset();
   value_ = std::move(value);
-  if (reshaped) {
+  if (reshaped || !is_contiguous()) {
     set_sizes_contiguous(value_->type.shape);
+    set_storage_offset(0);
     storage_ = empty_storage(value_->type, device());
   }
+}
+
+void TpuTensorImpl::become_view(c10::intrusive_ptr<TpuTensorImpl> root, std::vector<int64_t> sizes,
+                                std::vector<int64_t> strides, int64_t offset) {
+  while (root->view_) root = root->view_->root;  // geometry is always relative to the root
+  ViewOf v{root, std::move(sizes), std::move(strides), offset, root->value()};
+  value_ = read_view(v.root_value_seen, v);
+  set_sizes_and_strides(v.sizes, v.strides, v.offset);
+  storage_ = root->storage_;
+  view_ = std::move(v);
 }
 
 c10::intrusive_ptr<c10::TensorImpl> TpuTensorImpl::shallow_copy_and_detach(
     const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<TpuTensorImpl>(value_, device());
   copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
+  impl->view_ = view_;
   return impl;
 }
 
@@ -52,6 +129,7 @@ c10::intrusive_ptr<c10::TensorImpl> TpuTensorImpl::shallow_copy_and_detach(
     c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<TpuTensorImpl>(value_, device());
   copy_tensor_metadata(this, impl.get(), std::move(version_counter), allow_tensor_metadata_change);
+  impl->view_ = view_;
   return impl;
 }
 
@@ -60,6 +138,7 @@ void TpuTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>&
   TORCH_CHECK(other, "torchtpu: cannot copy a non-tpu tensor into a tpu tensor's metadata");
   copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
   value_ = other->value_;
+  view_ = other->view_;
 }
 
 DType to_dtype(c10::ScalarType type) {

@@ -5,6 +5,8 @@
 #include <ATen/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
+#include <optional>
+
 #include "ir/graph.h"
 
 namespace torchtpu {
@@ -14,9 +16,25 @@ namespace torchtpu {
 class TpuTensorImpl final : public c10::TensorImpl {
  public:
   TpuTensorImpl(ValuePtr value, c10::Device device);
-  const ValuePtr& value() const { return value_; }
-  // Replaces the contents (used when an op writes into a fresh inner tensor).
+  // The contents; a view re-reads its root first if the root was written since.
+  const ValuePtr& value();
+  // Replaces the contents (an op wrote into this inner tensor). A view writes through to its
+  // root, so the composite kernels PyTorch runs below functionalization (which take views
+  // of fresh tensors and write into them) keep CPU semantics.
   void set_value(ValuePtr value);
+
+  // Inner tensors made by view ops (as_strided, transpose_, diagonal, ...) reaching the
+  // backend: the view's geometry over its root's contiguous storage.
+  struct ViewOf {
+    c10::intrusive_ptr<TpuTensorImpl> root;
+    std::vector<int64_t> sizes, strides;
+    int64_t offset = 0;
+    ValuePtr root_value_seen;
+  };
+  const std::optional<ViewOf>& view_of() const { return view_; }
+  // Makes this tensor a view of `root` with the given geometry (replacing its contents).
+  void become_view(c10::intrusive_ptr<TpuTensorImpl> root, std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                   int64_t offset);
 
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const override;
@@ -26,6 +44,7 @@ class TpuTensorImpl final : public c10::TensorImpl {
 
  private:
   ValuePtr value_;
+  std::optional<ViewOf> view_;
 };
 
 DType to_dtype(c10::ScalarType type);  // raises TypeError for dtypes tpu does not support
