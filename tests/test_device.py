@@ -253,3 +253,16 @@ def test_several_cpu_devices():
     lines = result.stdout.split("\n")
     assert lines[0] == "4"
     assert lines[1] == "tpu:1 tpu:2 [3.0, 3.0, 3.0]"
+
+
+def test_model_to_keeps_tied_weights(mode):
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight
+
+    model = Tied().to("tpu")
+    assert model.head.weight is model.embed.weight
+    assert len(list(model.parameters())) == 1

@@ -111,6 +111,40 @@ def _patch_optimizers():
     register_optimizer_step_post_hook(flush_after_step)
 
 
+def _patch_module_apply():
+    # module.to("tpu") builds new Parameters (a tpu tensor cannot take over a CPU tensor's
+    # storage in place), which would untie weights shared between modules (tied embeddings).
+    # Re-tie them after the move, as CUDA users get for free.
+    import threading
+
+    original = torch.nn.Module._apply
+    state = threading.local()
+
+    @functools.wraps(original)
+    def _apply(self, fn, recurse=True):
+        if getattr(state, "active", False):
+            return original(self, fn, recurse)
+        holders = {}
+        for module in self.modules():
+            for name, param in module._parameters.items():
+                if param is not None:
+                    holders.setdefault(id(param), []).append((module, name))
+        state.active = True
+        try:
+            result = original(self, fn, recurse)
+        finally:
+            state.active = False
+        for places in holders.values():
+            if len(places) > 1:
+                first_module, first_name = places[0]
+                shared = first_module._parameters[first_name]
+                for module, name in places[1:]:
+                    module._parameters[name] = shared
+        return result
+
+    torch.nn.Module._apply = _apply
+
+
 _installed = False
 
 
@@ -122,3 +156,4 @@ def install():
     _patch_printing()
     _patch_serialization()
     _patch_optimizers()
+    _patch_module_apply()

@@ -338,6 +338,11 @@ void write_back(const at::Tensor& tpu_dst, const at::Tensor& cpu_src) {
 
 }  // namespace
 
+void clear_fallback_warnings() {
+  std::lock_guard<std::mutex> lock(g_warned_mutex);
+  g_warned.clear();
+}
+
 void set_fallback_policy(const std::string& policy) {
   if (policy == "warn") g_fallback_policy = 0;
   else if (policy == "error") g_fallback_policy = 1;

@@ -104,7 +104,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("pending_ops", [] { return Engine::get().pending_ops(); });
   m.def("counters", &counters);
   m.def("recompilations", &recompilations);
-  m.def("reset_metrics", [] { Engine::get().reset_metrics(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("reset_metrics", [] {
+    Engine::get().reset_metrics();
+    clear_fallback_warnings();
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("set_cache_dir", [](const std::string& dir) { Engine::get().set_cache_dir(dir); },
         py::call_guard<py::gil_scoped_release>());
   m.def("cache_dir", [] { return Engine::get().cache_dir(); });
