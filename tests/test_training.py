@@ -68,7 +68,7 @@ def to_tpu_model(model):
     test_module_to_keeps_tied_weights: Module.to("tpu") unties them today)."""
     tpu_model = copy.deepcopy(model).to("tpu")
     if isinstance(tpu_model, M.GPT):
-        tpu_model.lm_head.weight = tpu_model.tok_emb.weight
+        assert tpu_model.lm_head.weight is tpu_model.tok_emb.weight
     return tpu_model
 
 
@@ -167,8 +167,7 @@ def test_module_to_keeps_tied_weights():
     # model trains two matrices, and its gradients differ from CPU's.
     # (torch.__future__.set_swap_module_params_on_conversion(True) keeps the tie.)
     model = gpt().to("tpu")
-    if model.lm_head.weight is not model.tok_emb.weight:
-        pytest.xfail("Module.to('tpu') unties tied parameters (needs a fix in torchtpu/)")
+    assert model.lm_head.weight is model.tok_emb.weight
 
 
 # ---------------------------------------------------------------------------------------
@@ -232,15 +231,7 @@ def test_gradient_accumulation_matches_cpu(mode):
     assert_same_params(model, cpu_model)
 
 
-# torch.autocast("tpu") needs AutocastPrivateUse1 kernels: a fallthrough for every op plus
-# casting kernels for the lower-precision ops (the KERNEL_PRIVATEUSEONE macros of
-# ATen/autocast_mode.h). torchtpu registers none, so any op dispatched under autocast
-# fails with "Could not run 'aten::linear' with arguments from the 'Autocasttpu' backend".
-AUTOCAST_MISSING = ("no kernels registered for DispatchKey::AutocastPrivateUse1 "
-                    "(fallthrough + lower_precision_fp casts) in torchtpu's C++ core")
-
-
-@pytest.mark.xfail(raises=NotImplementedError, strict=True, reason=AUTOCAST_MISSING)
+# torch.autocast("tpu") uses PyTorch's casting policies, registered for AutocastPrivateUse1.
 def test_autocast_linear_runs_in_bfloat16():
     assert torch.tpu.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
     lin = nn.Linear(16, 8).to("tpu")
@@ -254,7 +245,6 @@ def test_autocast_linear_runs_in_bfloat16():
         torch.testing.assert_close(y.cpu(), expected(x.cpu()), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.xfail(raises=NotImplementedError, strict=True, reason=AUTOCAST_MISSING)
 def test_training_under_autocast_lowers_the_loss():
     model = mlp().to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -313,28 +303,19 @@ def test_optimizer_matches_cpu(name, impl, mode):
     assert_same_params(model, cpu_model)
 
 
-# PyTorch lists the PrivateUse1 backend among the devices with fused optimizer kernels
-# (torch.utils._foreach_utils._get_fused_kernels_supported_devices() includes "tpu"), so
-# fused=True is accepted and then fails inside PyTorch rather than being rejected:
-FUSED_FAILURES = {
-    # _fused_sgd_ has no Meta kernel, so shape inference for the tpu kernel fails.
-    "sgd_momentum": NotImplementedError,
-    "sgd_nesterov": NotImplementedError,
-    # Functionalization of _fused_adam_/_fused_adamw_ asserts "mutating a non-functional
-    # tensor with a functional tensor" on the empty max_exp_avg_sqs list (amsgrad=False);
-    # with amsgrad=True it reaches the backend and falls back to CPU (no lowering).
-    "adam": RuntimeError,
-    "adamw": RuntimeError,
-}
-
-
+# fused=True on tpu runs PyTorch's foreach implementation (torchtpu's optimizer pre-step
+# hook): in fused mode the whole optimizer step is one XLA executable anyway.
 @pytest.mark.modes("fused")
 @pytest.mark.parametrize("name", OPTIMIZERS)
-def test_fused_optimizer_is_not_supported(name, mode):
+def test_fused_optimizer_matches_cpu(name, mode):
     cls, kwargs = OPTIMIZERS[name]
+    cpu_model = mlp()
+    cpu_losses, _ = run_optimizer(cpu_model, "cpu", cls, kwargs)
     model = mlp().to("tpu")
-    with pytest.raises(FUSED_FAILURES[name]):
-        run_optimizer(model, "tpu", cls, dict(kwargs, fused=True), steps=1)
+    with no_new_fallbacks():
+        losses, _ = run_optimizer(model, "tpu", cls, dict(kwargs, fused=True))
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-6)
+    assert_same_params(model, cpu_model)
 
 
 @pytest.mark.modes("fused")
