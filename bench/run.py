@@ -207,6 +207,9 @@ def run_torch_variant(variant, setup, args, torchtpu, steps_override=None):
             times.append(time.perf_counter() - t)
         c3 = _counters(torchtpu) if device == "tpu" else None
         res["counters_per_step"] = _counter_delta(c2, c3, repeats)
+        if c3 is not None:  # every graph compiled by this variant (first step, warm-up, timed)
+            res["compile_s_total"] = c3["compile_seconds"] - c0["compile_seconds"]
+            res["graphs_compiled_total"] = c3["graphs_compiled"] - c0["graphs_compiled"]
         if device == "tpu":
             res["peak_mem_bytes"] = torch.tpu.max_memory_allocated()
         elif device == "cuda":
@@ -270,7 +273,7 @@ def run_jax_variant(setup, args):
                 device=jax.devices()[0].platform, peak_mem_bytes=peak)
 
 
-def run_main(models, variants, setups, args, torchtpu):
+def run_main(models, variants, setups, args, torchtpu, on_result=None):
     results = []
     for model_name in models:
         setup = setups[model_name]
@@ -299,6 +302,8 @@ def run_main(models, variants, setups, args, torchtpu):
             if res.get("median_step_s"):
                 res["throughput"] = setup["items"] / res["median_step_s"]
             results.append(res)
+            if on_result is not None:
+                on_result(results)
     return results
 
 
@@ -361,8 +366,9 @@ def run_first_steps(specs, args):
 def run_scaling(setups, args, torchtpu, main_results):
     base = setups["gpt"]
     cfg0, b0 = base["cfg"], base["batch"]
-    points = [("layers", cfg0.n_layer // 2, b0), ("layers", cfg0.n_layer, b0), ("layers", cfg0.n_layer * 2, b0),
-              ("batch", cfg0.n_layer, b0 // 2), ("batch", cfg0.n_layer, b0), ("batch", cfg0.n_layer, b0 * 2)]
+    mid = 4  # layers 2, 4, 8 at the base batch; batch b/2, b, 2b at 4 layers
+    points = [("layers", 2, b0), ("layers", 4, b0), ("layers", 8, b0),
+              ("batch", mid, max(1, b0 // 2)), ("batch", mid, b0), ("batch", mid, b0 * 2)]
     reuse = next((r for r in main_results if r["model"] == "gpt" and r["variant"] == "tpu-fused"
                   and r.get("median_step_s")), None)
     done = {}
@@ -370,7 +376,7 @@ def run_scaling(setups, args, torchtpu, main_results):
     for axis, layers, batch in points:
         key = (layers, batch)
         if key not in done:
-            if key == (cfg0.n_layer, b0) and reuse is not None:
+            if key == (cfg0.n_layer, b0) and reuse is not None:  # the main run's fused GPT
                 r = reuse
             else:
                 setup = dict(base, cfg=cfg0.replace(n_layer=layers), batch=batch,
@@ -379,7 +385,8 @@ def run_scaling(setups, args, torchtpu, main_results):
                 try:
                     r = run_torch_variant("tpu-fused", setup, args, torchtpu,
                                           steps_override=(1, max(3, args.repeats // 2)))
-                    print(f"step {r['median_step_s'] * 1e3:.1f} ms, compile {r['first_step_compile_s']:.2f} s",
+                    print(f"step {r['median_step_s'] * 1e3:.1f} ms, compile {r['compile_s_total']:.2f} s "
+                          f"({r['graphs_compiled_total']} graphs)",
                           flush=True)
                 except Exception as exc:
                     r = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -387,7 +394,7 @@ def run_scaling(setups, args, torchtpu, main_results):
             done[key] = r
         r = done[key]
         rows.append(dict(axis=axis, layers=layers, batch=batch, median_step_s=r.get("median_step_s"),
-                         compile_s=r.get("first_step_compile_s"), first_step_s=r.get("first_step_s"),
+                         compile_s=r.get("compile_s_total"), first_step_s=r.get("first_step_s"),
                          error=r.get("error")))
     return rows
 
@@ -528,9 +535,9 @@ def first_step_table(first_steps):
         f = lambda d, k: f"{d[k]:.2f}" if isinstance(d.get(k), (int, float)) else d.get("error", "")[:80]  # noqa: E731
         rows.append([fs["spec"], f(c, "first_step_s"), f(c, "compile_s"), f(w, "first_step_s"), f(w, "compile_s"),
                      w.get("cache_hits_disk", ""), f"{fs['warm_over_cold']:.3f}" if fs.get("warm_over_cold") else "",
-                     f(c, "import_s")])
+                     f(c, "process_s"), f(w, "process_s")])
     return markdown_table(["model:variant", "cold first step s", "cold compile s", "warm first step s",
-                           "warm compile s", "warm disk-cache hits", "warm/cold", "import s"], rows)
+                           "warm compile s", "warm disk-cache hits", "warm/cold", "cold process s", "warm process s"], rows)
 
 
 def scaling_table(scaling):
@@ -543,7 +550,7 @@ def scaling_table(scaling):
                      f"{s['median_step_s'] * 1e3:.1f}" if s["median_step_s"] else s.get("error") or "",
                      g_step, f"{s['compile_s']:.2f}" if s["compile_s"] is not None else "", g_comp])
         prev[s["axis"]] = s
-    return markdown_table(["doubling", "layers", "batch", "step ms", "step growth", "compile s", "compile growth"], rows)
+    return markdown_table(["doubling", "layers", "batch", "step ms", "step growth", "compile s (all graphs)", "compile growth"], rows)
 
 
 def perop_table(p):
@@ -566,6 +573,8 @@ def write_chart(path, results, scaling, title):
         return None
     models = sorted({r["model"] for r in results}, key=ALL_MODELS.index)
     ncols = len(models) + (1 if scaling else 0)
+    if ncols == 0:
+        return None
     fig, axes = plt.subplots(1, ncols, figsize=(5 * ncols, 4), dpi=100, squeeze=False)
     for ax, model in zip(axes[0], models):
         rs = [r for r in results if r["model"] == model]
@@ -621,6 +630,63 @@ def versions(torchtpu):
     return v
 
 
+def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final):
+    """Builds the report; prints it when final; writes the .json/.md (and .png when final).
+    Called after every variant too, so a run killed by a timeout keeps what it measured."""
+    if True:
+        meta["to_device_untied_gpt_weights"] = sorted(_UNTIED)
+        if _UNTIED and final:
+            print(f"\nNOTE: model.to() lost GPT's weight tying on {sorted(_UNTIED)}; re-tied (GPT.tie_weights)")
+        trows = targets(results, first_steps)
+        losses = {}
+        for r in results:
+            if r.get("final_loss") is not None:
+                losses.setdefault(r["model"], []).append(r["final_loss"])
+        loss_check = {m: dict(min=min(v), max=max(v), spread=max(v) - min(v)) for m, v in losses.items()}
+
+        sections = []
+        if results:
+            sections += ["## Training step, side by side\n", main_table(results), "",
+                         "Final loss after " f"{1 + args.warmup + args.repeats} identical steps; spread per model: "
+                         + ", ".join(f"{m} {d['spread']:.2e}" for m, d in loss_check.items()), "",
+                         "### torchtpu counters per timed step\n", counters_table(results), ""]
+        if trows:
+            sections += ["## Targets\n", targets_table(trows), ""]
+        if first_steps:
+            sections += ["## First step in a fresh process (cold cache, then warm disk cache)\n",
+                         first_step_table(first_steps), ""]
+        if scaling:
+            sections += ["## LM scaling (fused)\n", scaling_table(scaling), ""]
+        if perop:
+            sections += ["## Per-op overhead\n", perop_table(perop), ""]
+        errors = [r for r in results if r.get("error")]
+        if errors:
+            sections += ["## Errors\n"] + [f"- {r['model']} {r['variant']}: `{r['error']}`" for r in errors] + [""]
+        report = "\n".join(sections)
+        if final:
+            print("\n" + report)
+            print(f"total benchmark time {time.perf_counter() - t_begin:.0f} s")
+
+        if not args.no_write:
+            meta["total_s"] = time.perf_counter() - t_begin
+            header = (f"# torchtpu benchmarks: platform {platform}, size {size}\n\n"
+                      f"{time.strftime('%Y-%m-%d %H:%M')}; " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n")
+            payload = dict(results=results, targets=trows, first_steps=first_steps, scaling=scaling,
+                           perop=perop, loss_check=loss_check)
+            name = f"{platform}-{args.tag}" if args.tag else platform
+            jpath = write_results(name, [payload], meta=meta)
+            base = os.path.splitext(results_path(name))[0]
+            with open(base + ".md", "w") as f:
+                f.write(header + report + "\n")
+            try:
+                png = None if not final else write_chart(base + ".png", results, scaling, f"torchtpu {platform} ({size}), {meta.get('gpu') or meta.get('cpu', '')}")
+            except Exception as exc:  # the chart is a convenience; never lose the results for it
+                print("chart FAILED:", exc)
+                png = None
+            if final:
+                print("wrote", ", ".join(os.path.relpath(p) for p in (jpath, base + ".md", png) if p))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=["auto", "small", "full"], default="auto",
@@ -636,6 +702,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--child-timeout", type=float, default=300)
     ap.add_argument("--no-write", action="store_true", help="do not write bench/results/*")
+    ap.add_argument("--tag", default="", help="write bench/results/<platform>-<tag>.* instead")
     ap.add_argument("--first-step-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -680,7 +747,9 @@ def main(argv=None):
     results, first_steps, scaling, perop = [], [], [], None
     if "main" not in skip:
         print("\n== training steps, side by side ==")
-        results = run_main(models, variants, setups, args, torchtpu)
+        results = run_main(models, variants, setups, args, torchtpu,
+                           on_result=lambda rs: emit(args, meta, platform, size, rs, [], [], None, t_begin,
+                                                     final=False))
     if "perop" not in skip:
         print("\n== per-op overhead ==")
         try:
@@ -695,50 +764,7 @@ def main(argv=None):
         specs = [s for s in args.firststep.split(",") if s and s.split(":")[0] in models]
         first_steps = run_first_steps(specs, args)
 
-    meta["to_device_untied_gpt_weights"] = sorted(_UNTIED)
-    if _UNTIED:
-        print(f"\nNOTE: model.to() lost GPT's weight tying on {sorted(_UNTIED)}; re-tied (GPT.tie_weights)")
-    trows = targets(results, first_steps)
-    losses = {}
-    for r in results:
-        if r.get("final_loss") is not None:
-            losses.setdefault(r["model"], []).append(r["final_loss"])
-    loss_check = {m: dict(min=min(v), max=max(v), spread=max(v) - min(v)) for m, v in losses.items()}
-
-    sections = []
-    if results:
-        sections += ["## Training step, side by side\n", main_table(results), "",
-                     "Final loss after " f"{1 + args.warmup + args.repeats} identical steps; spread per model: "
-                     + ", ".join(f"{m} {d['spread']:.2e}" for m, d in loss_check.items()), "",
-                     "### torchtpu counters per timed step\n", counters_table(results), ""]
-    if trows:
-        sections += ["## Targets\n", targets_table(trows), ""]
-    if first_steps:
-        sections += ["## First step in a fresh process (cold cache, then warm disk cache)\n",
-                     first_step_table(first_steps), ""]
-    if scaling:
-        sections += ["## LM scaling (fused)\n", scaling_table(scaling), ""]
-    if perop:
-        sections += ["## Per-op overhead\n", perop_table(perop), ""]
-    errors = [r for r in results if r.get("error")]
-    if errors:
-        sections += ["## Errors\n"] + [f"- {r['model']} {r['variant']}: `{r['error']}`" for r in errors] + [""]
-    report = "\n".join(sections)
-    print("\n" + report)
-    print(f"total benchmark time {time.perf_counter() - t_begin:.0f} s")
-
-    if not args.no_write:
-        meta["total_s"] = time.perf_counter() - t_begin
-        header = (f"# torchtpu benchmarks: platform {platform}, size {size}\n\n"
-                  f"{time.strftime('%Y-%m-%d %H:%M')}; " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n")
-        payload = dict(results=results, targets=trows, first_steps=first_steps, scaling=scaling,
-                       perop=perop, loss_check=loss_check)
-        jpath = write_results(platform, [payload], meta=meta)
-        base = os.path.splitext(results_path(platform))[0]
-        with open(base + ".md", "w") as f:
-            f.write(header + report + "\n")
-        png = write_chart(base + ".png", results, scaling, f"torchtpu {platform} ({size}), {meta.get('gpu') or meta.get('cpu', '')}")
-        print("wrote", ", ".join(os.path.relpath(p) for p in (jpath, base + ".md", png) if p))
+    emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final=True)
     if _OWN_CACHE:
         import shutil
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)
