@@ -70,7 +70,7 @@ def results_path(platform: str) -> str:
     return os.path.join(RESULTS_DIR, f"{safe}.json")
 
 
-def write_results(platform: str, results: list[dict], meta: dict | None = None) -> str:
+def write_results(platform: str, results: Any, meta: dict | None = None) -> str:
     """Write ``{"platform", "meta", "results"}`` to bench/results/<platform>.json."""
     os.makedirs(RESULTS_DIR, exist_ok=True)
     info = {

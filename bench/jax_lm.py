@@ -39,11 +39,11 @@ from models import ADAMW, GPTConfig, uses_weight_decay  # noqa: E402
 jax.config.update("jax_enable_x64", False)
 
 
-def params_from_torch(model) -> dict[str, jax.Array]:
-    """Copy a PyTorch GPT's parameters into a flat ``{name: float32 array}`` dict."""
+def params_from_torch(model, dtype=jnp.float32) -> dict[str, jax.Array]:
+    """Copy a PyTorch GPT's parameters into a flat ``{name: array}`` dict (float32 by default)."""
     params = {}
     for name, p in model.named_parameters():  # the tied lm_head.weight is skipped here
-        params[name] = jnp.asarray(p.detach().cpu().numpy().astype(np.float32))
+        params[name] = jnp.asarray(p.detach().float().cpu().numpy().astype(np.float32), dtype=dtype)
     return params
 
 
@@ -133,8 +133,9 @@ def adamw_update(params, grads, state, lr, betas, eps, weight_decay):
         m = b1 * state["m"][name] + (1.0 - b1) * g
         v = b2 * state["v"][name] + (1.0 - b2) * g * g
         denom = jnp.sqrt(v) / jnp.sqrt(bc2) + eps
-        new_params[name] = p - (lr / bc1) * m / denom
-        new_m[name], new_v[name] = m, v
+        # Keep each state's dtype (bf16 params stay bf16: the step's f32 scalars would promote).
+        new_params[name] = (p - (lr / bc1) * m / denom).astype(p.dtype)
+        new_m[name], new_v[name] = m.astype(p.dtype), v.astype(p.dtype)
     return new_params, {"step": step, "m": new_m, "v": new_v}
 
 

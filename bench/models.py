@@ -130,6 +130,16 @@ class GPT(nn.Module):
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
+    def tie_weights(self) -> "GPT":
+        """Re-ties the LM head to the token embedding; returns self.
+
+        ``model.to("tpu")`` currently creates a separate Parameter per module (the tie is
+        lost: 53 instead of 52 parameters, and the trajectory diverges from CPU). Calling
+        this after moving the model restores it; it is a no-op when the tie is intact.
+        """
+        self.lm_head.weight = self.tok_emb.weight
+        return self
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
