@@ -6,6 +6,7 @@
 #include <ATen/ops/_to_copy.h>
 #include <ATen/ops/copy.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -799,6 +800,35 @@ at::Tensor& copy_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& self, const
   return self;
 }
 
+// Meta kernel for in-place foreach ops (optimizer updates). Functionalization checks every
+// in-place op on Meta tensors first; without this, PyTorch's composite runs the per-tensor
+// Python meta functions, which cost more than the whole optimizer step on the device.
+void foreach_inplace_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  auto self = args[0].toTensorList();
+  for (size_t a = 1; a < n; ++a) {
+    const c10::IValue& v = args[a];
+    if (v.isTensorList()) {
+      auto other = v.toTensorList();
+      TORCH_CHECK(other.size() == self.size(), "Tensor lists must have the same number of tensors, got ",
+                  self.size(), " and ", other.size());
+      for (size_t i = 0; i < self.size(); ++i) {
+        at::Tensor s = self.get(i), o = other.get(i);
+        auto shape = at::infer_size(s.sizes(), o.sizes());
+        TORCH_CHECK(c10::IntArrayRef(shape) == s.sizes(), "output with shape ", s.sizes(),
+                    " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+      }
+    } else if (v.isList() && !v.isTensorList()) {
+      TORCH_CHECK(v.toListRef().size() == self.size(), "Scalar list must have the same number of elements as the "
+                  "tensor list, got ", self.size(), " and ", v.toListRef().size());
+    }
+  }
+  torch::jit::drop(*stack, n);
+  for (size_t r = 0; r < schema.returns().size(); ++r) stack->push_back(c10::IValue());
+}
+
 }  // namespace
 
 void register_kernels() {
@@ -834,6 +864,16 @@ void register_kernels() {
   }
   static torch::Library functionalize(torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
   functionalize.impl("_to_copy", TORCH_FN(to_copy_functionalize));
+  static torch::Library meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    const std::string& base = name.name;
+    if (base.rfind("aten::_foreach_", 0) != 0 || base.back() != '_') continue;
+    auto handle = c10::Dispatcher::singleton().findOp(name);
+    if (!handle || handle->hasKernelForDispatchKey(c10::DispatchKey::Meta)) continue;
+    if (!handle->schema().returns().empty()) continue;
+    std::string full = base.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    meta.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_inplace_meta>());
+  }
   static torch::Library inplace_or_view(torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
   inplace_or_view.impl("copy_", TORCH_FN(copy_inplace_or_view));
 }
