@@ -159,68 +159,6 @@ def make_batches(setup, device, dtype, n=2):
     return out
 
 
-def run_torch_variant(variant, setup, args, torchtpu, steps_override=None):
-    """Returns a result dict (first_step_s, step times, final loss, ...)."""
-    dtype = DTYPES[setup["dtype"]]
-    device = "tpu" if variant in TPU_VARIANTS else host_device()
-    mode = {"tpu-strict": "strict"}.get(variant, "fused")
-    warmup, repeats = steps_override or (args.warmup, args.repeats)
-    res = {}
-    ctx = torchtpu.mode(mode) if torchtpu is not None and device == "tpu" else _null()
-    with ctx:
-        model = make_torch_model(setup, device, dtype)
-        opt = make_optimizer(model)
-        batches = make_batches(setup, device, dtype)
-        if variant == "tpu-compile":
-            fwd = torch.compile(model, backend="tpu")
-        elif variant == "inductor":
-            torch._dynamo.reset()
-            fwd = torch.compile(model)
-        else:
-            fwd = model
-        counter = iter(range(1 << 62))
-
-        def step():
-            return train_step(fwd, opt, batches[next(counter) % len(batches)])
-
-        if device == "tpu":
-            torch.tpu.synchronize()
-            torch.tpu.reset_peak_memory_stats()
-        elif device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        c0 = _counters(torchtpu) if device == "tpu" else None
-        t0 = time.perf_counter()
-        losses = [step().float().cpu().item()]
-        res["first_step_s"] = time.perf_counter() - t0
-        c1 = _counters(torchtpu) if device == "tpu" else None
-        if c1 is not None:
-            res["first_step_compile_s"] = c1["compile_seconds"] - c0["compile_seconds"]
-            res["first_step_graphs_compiled"] = c1["graphs_compiled"] - c0["graphs_compiled"]
-        for _ in range(warmup):
-            losses.append(step().float().cpu().item())
-        c2 = _counters(torchtpu) if device == "tpu" else None
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            losses.append(step().float().cpu().item())
-            times.append(time.perf_counter() - t)
-        c3 = _counters(torchtpu) if device == "tpu" else None
-        res["counters_per_step"] = _counter_delta(c2, c3, repeats)
-        if c3 is not None:  # every graph compiled by this variant (first step, warm-up, timed)
-            res["compile_s_total"] = c3["compile_seconds"] - c0["compile_seconds"]
-            res["graphs_compiled_total"] = c3["graphs_compiled"] - c0["graphs_compiled"]
-        if device == "tpu":
-            res["peak_mem_bytes"] = torch.tpu.max_memory_allocated()
-        elif device == "cuda":
-            res["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
-        res.update(step_times=times, median_step_s=statistics.median(times), losses=losses,
-                   final_loss=losses[-1], params=count_params(model), device=device)
-        del model, opt, batches, fwd
-        gc.collect()
-    return res
-
-
 class _null:
     def __enter__(self):
         return self
@@ -229,81 +167,252 @@ class _null:
         return False
 
 
-def run_jax_variant(setup, args):
-    import jax
-    import jax.numpy as jnp
-    import jax_lm
+class TorchRunner:
+    """One PyTorch variant: model, optimizer, batches; ``step()`` runs one synced step."""
 
-    cfg = setup["cfg"]
-    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[setup["dtype"]]
-    torch.manual_seed(0)
-    params = jax_lm.params_from_torch(GPT(cfg), dtype=dtype)
-    n_params = sum(int(p.size) for p in params.values())
-    opt_state = jax_lm.adamw_init(params)
-    train = jax_lm.make_train_step(cfg)
-    batches = [jax_lm.to_jax_batch(make_lm_batch(cfg, setup["batch"], seed=s)) for s in range(2)]
-    state = {"params": params, "opt": opt_state, "i": 0}
+    def __init__(self, variant, setup, torchtpu):
+        dtype = DTYPES[setup["dtype"]]
+        self.variant, self.torchtpu = variant, torchtpu
+        self.device = "tpu" if variant in TPU_VARIANTS else host_device()
+        self.mode = {"tpu-strict": "strict"}.get(variant, "fused")
+        self.base_mem = self.memory()
+        with self.ctx():
+            self.model = make_torch_model(setup, self.device, dtype)
+            self.opt = make_optimizer(self.model)
+            self.batches = make_batches(setup, self.device, dtype)
+            if variant == "tpu-compile":
+                self.fwd = torch.compile(self.model, backend="tpu")
+            elif variant == "inductor":
+                self.fwd = torch.compile(self.model)
+            else:
+                self.fwd = self.model
+        self.params = count_params(self.model)
+        self.i = 0
+        self.reset_peak()
 
-    def step():
-        idx, targets = batches[state["i"] % len(batches)]
-        state["params"], state["opt"], loss = train(state["params"], state["opt"], idx, targets)
-        state["i"] += 1
-        return loss
+    def ctx(self):
+        return self.torchtpu.mode(self.mode) if self.device == "tpu" else _null()
 
-    t0 = time.perf_counter()
-    losses = [float(step())]
-    first = time.perf_counter() - t0
-    for _ in range(args.warmup):
-        losses.append(float(step()))
-    times = []
-    for _ in range(args.repeats):
-        t = time.perf_counter()
-        losses.append(float(step()))
-        times.append(time.perf_counter() - t)
-    peak = None
-    try:
-        stats = jax.devices()[0].memory_stats()
-        peak = stats.get("peak_bytes_in_use") if stats else None
-    except Exception:
+    def step(self) -> float:
+        with self.ctx():
+            loss = train_step(self.fwd, self.opt, self.batches[self.i % len(self.batches)])
+            self.i += 1
+            return loss.float().cpu().item()  # the sync point
+
+    def counters(self):
+        return _counters(self.torchtpu) if self.device == "tpu" else None
+
+    def memory(self):
+        if self.device == "tpu":
+            torch.tpu.synchronize()
+            return torch.tpu.memory_allocated()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated()
+        return None
+
+    def reset_peak(self):
+        if self.device == "tpu":
+            torch.tpu.synchronize()
+            torch.tpu.reset_peak_memory_stats()
+        elif self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_memory(self):
+        """Peak bytes allocated since reset_peak, above what was allocated before this variant."""
+        if self.device == "tpu":
+            return torch.tpu.max_memory_allocated() - self.base_mem
+        if self.device == "cuda":
+            return torch.cuda.max_memory_allocated() - self.base_mem
+        return None
+
+    def close(self):
+        del self.model, self.opt, self.batches, self.fwd
+        gc.collect()
+
+
+class JaxRunner:
+    """The pure-JAX GPT (bench/jax_lm.py) with the same weights, batches and AdamW."""
+
+    def __init__(self, variant, setup, torchtpu=None):
+        import jax
+        import jax.numpy as jnp
+        import jax_lm
+
+        self.variant, self.device = variant, None
+        cfg = setup["cfg"]
+        dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[setup["dtype"]]
+        torch.manual_seed(0)
+        params = jax_lm.params_from_torch(GPT(cfg), dtype=dtype)
+        self.params = sum(int(p.size) for p in params.values())
+        self.train = jax_lm.make_train_step(cfg)
+        self.batches = [jax_lm.to_jax_batch(make_lm_batch(cfg, setup["batch"], seed=s)) for s in range(2)]
+        self.state = {"params": params, "opt": jax_lm.adamw_init(params)}
+        self.i = 0
+        self.device = jax.devices()[0].platform
+        self._jax = jax
+
+    def step(self) -> float:
+        idx, targets = self.batches[self.i % len(self.batches)]
+        self.state["params"], self.state["opt"], loss = self.train(self.state["params"], self.state["opt"],
+                                                                   idx, targets)
+        self.i += 1
+        return float(loss)
+
+    def counters(self):
+        return None
+
+    def reset_peak(self):
         pass
-    del state
-    gc.collect()
-    return dict(first_step_s=first, step_times=times, median_step_s=statistics.median(times),
-                losses=losses, final_loss=losses[-1], params=n_params,
-                device=jax.devices()[0].platform, peak_mem_bytes=peak)
+
+    def peak_memory(self):
+        try:
+            stats = self._jax.devices()[0].memory_stats()
+            return stats.get("peak_bytes_in_use") if stats else None
+        except Exception:
+            return None
+
+    def close(self):
+        del self.state
+        gc.collect()
+
+
+def make_runner(variant, setup, torchtpu):
+    return (JaxRunner if variant == "jax" else TorchRunner)(variant, setup, torchtpu)
+
+
+def prepare(runner, warmup):
+    """First step (timed: compilation included) and the warm-up steps; returns a result dict."""
+    res = {}
+    c0 = runner.counters()
+    t0 = time.perf_counter()
+    res["losses"] = [runner.step()]
+    res["first_step_s"] = time.perf_counter() - t0
+    c1 = runner.counters()
+    if c1 is not None:
+        res["first_step_compile_s"] = c1["compile_seconds"] - c0["compile_seconds"]
+        res["first_step_graphs_compiled"] = c1["graphs_compiled"] - c0["graphs_compiled"]
+    for _ in range(warmup):
+        res["losses"].append(runner.step())
+    c2 = runner.counters()
+    if c2 is not None:  # every graph compiled by this variant (first step and warm-up)
+        res["compile_s_total"] = c2["compile_seconds"] - c0["compile_seconds"]
+        res["graphs_compiled_total"] = c2["graphs_compiled"] - c0["graphs_compiled"]
+    res["peak_mem_bytes"] = runner.peak_memory()
+    res["params"], res["device"] = runner.params, runner.device
+    res["step_times"] = []
+    res["_c"] = None
+    return res
+
+
+def timed_step(runner, res):
+    """One timed step; accumulates its time and the torchtpu counters it moved."""
+    c0 = runner.counters()
+    t = time.perf_counter()
+    res["losses"].append(runner.step())
+    res["step_times"].append(time.perf_counter() - t)
+    c1 = runner.counters()
+    if c0 is not None:
+        d = _counter_delta(c0, c1, 1)
+        acc = res["_c"] or {}
+        for k, v in d.items():
+            if k == "fallback_ops":
+                fb = acc.setdefault(k, {})
+                for op, n in v.items():
+                    fb[op] = fb.get(op, 0) + n
+            else:
+                acc[k] = acc.get(k, 0) + v
+        res["_c"] = acc
+
+
+def finish(res):
+    n = len(res["step_times"])
+    c = res.pop("_c", None)
+    if c:
+        c = {k: (v if k == "fallback_ops" else v / n) for k, v in c.items()}
+    res["counters_per_step"] = c
+    res["median_step_s"] = statistics.median(res["step_times"])
+    res["final_loss"] = res["losses"][-1]
+    return res
+
+
+def run_single(variant, setup, args, torchtpu, warmup, repeats):
+    """One variant alone: prepare, time ``repeats`` steps, close."""
+    runner = make_runner(variant, setup, torchtpu)
+    try:
+        res = prepare(runner, warmup)
+        for _ in range(repeats):
+            timed_step(runner, res)
+        return finish(res)
+    finally:
+        runner.close()
+
+
+def _error(exc):
+    text = str(exc).strip()
+    return {"error": f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}",
+            "traceback": traceback.format_exc()[-4000:]}
 
 
 def run_main(models, variants, setups, args, torchtpu, on_result=None):
+    """Per model: prepare every variant in turn (first step, warm-up), then time the steps
+    INTERLEAVED (one step of each variant per round, the order rotating every round), so
+    that the load of a shared machine falls on all variants alike."""
     results = []
     for model_name in models:
         setup = setups[model_name]
+        live = []  # (runner, result)
+        meta = dict(model=model_name, batch=setup["batch"], dtype=setup["dtype"], config=_cfg_dict(setup["cfg"]),
+                    unit=f"{setup['unit']}/s", warmup=args.warmup, repeats=args.repeats)
         for variant in variants:
             if variant == "jax" and model_name != "gpt":
                 continue
-            print(f"  {model_name:6s} {variant:12s} ...", end=" ", flush=True)
+            print(f"  {model_name:6s} {variant:12s} first step + {args.warmup} warm-up ...", end=" ", flush=True)
             t0 = time.perf_counter()
             try:
-                if variant == "jax":
-                    res = run_jax_variant(setup, args)
-                else:
-                    res = run_torch_variant(variant, setup, args, torchtpu)
-                res["error"] = None
-                msg = (f"step {res['median_step_s'] * 1e3:8.1f} ms, first {res['first_step_s']:6.2f} s, "
-                       f"final loss {res['final_loss']:.5f}")
+                # No torch._dynamo.reset() here: it would drop the tpu-compile variant's
+                # compiled graphs, and a tpu model re-traced mid-training diverges (see
+                # docs/benchmarks.md, "torchtpu issues found").
+                runner = make_runner(variant, setup, torchtpu)
+                res = prepare(runner, args.warmup)
+                live.append((runner, res))
+                msg = f"first step {res['first_step_s']:6.2f} s, loss {res['losses'][0]:.5f}"
             except Exception as exc:  # recorded in the table, never fatal
-                res = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}",
-                       "traceback": traceback.format_exc()[-4000:]}
+                res = _error(exc)
                 msg = f"FAILED: {res['error']}"
                 gc.collect()
-            print(f"{msg}  [{time.perf_counter() - t0:.0f} s]", flush=True)
-            res.update(model=model_name, variant=variant, batch=setup["batch"], dtype=setup["dtype"],
-                       config=_cfg_dict(setup["cfg"]), unit=f"{setup['unit']}/s",
-                       warmup=args.warmup, repeats=args.repeats)
-            if res.get("median_step_s"):
-                res["throughput"] = setup["items"] / res["median_step_s"]
+            res.update(meta, variant=variant)
             results.append(res)
-            if on_result is not None:
-                on_result(results)
+            print(f"{msg}  [{time.perf_counter() - t0:.0f} s]", flush=True)
+        print(f"  {model_name:6s} timing {len(live)} variants interleaved, {args.repeats} rounds ...", flush=True)
+        failed = set()
+        for rnd in range(args.repeats):
+            k = rnd % max(1, len(live))
+            for runner, res in live[k:] + live[:k]:
+                if id(res) in failed:
+                    continue
+                # Untimed pause: lets the previous variant's spinning worker threads (XLA's
+                # CPU pool, OpenMP) park, so they do not steal this step's 2 cores.
+                time.sleep(args.settle)
+                try:
+                    timed_step(runner, res)
+                except Exception as exc:
+                    res.update(_error(exc))
+                    failed.add(id(res))
+        for runner, res in live:
+            if id(res) not in failed:
+                finish(res)
+                res["error"] = None
+                res["throughput"] = setup["items"] / res["median_step_s"]
+                print(f"  {model_name:6s} {res['variant']:12s} step {res['median_step_s'] * 1e3:8.1f} ms "
+                      f"(min {min(res['step_times']) * 1e3:.1f}, max {max(res['step_times']) * 1e3:.1f}), "
+                      f"final loss {res['final_loss']:.5f}", flush=True)
+            else:
+                res.pop("_c", None)
+            runner.close()
+        if on_result is not None:
+            on_result(results)
     return results
 
 
@@ -319,7 +428,7 @@ def first_step_child(spec: str, args):
     torchtpu = load_torchtpu()
     t_import = time.perf_counter() - t_start
     setup = model_setups(args.size, args.batch)[model_name]
-    res = run_torch_variant(variant, setup, args, torchtpu, steps_override=(0, 1))
+    res = run_single(variant, setup, args, torchtpu, warmup=0, repeats=1)
     c = torchtpu.metrics.counters()
     out = dict(first_step_s=res["first_step_s"], compile_s=res.get("first_step_compile_s"),
                graphs_compiled=res.get("first_step_graphs_compiled"),
@@ -383,8 +492,8 @@ def run_scaling(setups, args, torchtpu, main_results):
                              items=batch * cfg0.block_size)
                 print(f"  gpt fused layers={layers:2d} batch={batch:3d} ...", end=" ", flush=True)
                 try:
-                    r = run_torch_variant("tpu-fused", setup, args, torchtpu,
-                                          steps_override=(1, max(3, args.repeats // 2)))
+                    r = run_single("tpu-fused", setup, args, torchtpu, warmup=1,
+                                   repeats=max(3, args.repeats // 2))
                     print(f"step {r['median_step_s'] * 1e3:.1f} ms, compile {r['compile_s_total']:.2f} s "
                           f"({r['graphs_compiled_total']} graphs)",
                           flush=True)
@@ -700,6 +809,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=None, help="override the batch size")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--settle", type=float, default=0.2, help="untimed pause before each interleaved step")
     ap.add_argument("--child-timeout", type=float, default=300)
     ap.add_argument("--no-write", action="store_true", help="do not write bench/results/*")
     ap.add_argument("--tag", default="", help="write bench/results/<platform>-<tag>.* instead")
