@@ -139,7 +139,7 @@ def make_torch_model(setup, device, dtype):
     model = setup["cls"](setup["cfg"]).to(device=device, dtype=dtype)
     if isinstance(model, GPT):
         tied = model.lm_head.weight is model.tok_emb.weight
-        model.tie_weights()  # .to("tpu") unties them (see GPT.tie_weights)
+        model.tie_weights()  # no-op when .to() kept the tie (torchtpu re-ties after .to())
         if not tied:
             _UNTIED.add(str(device))
     return model

@@ -197,7 +197,7 @@ def main(argv=None):
     model = GPT(cfg)
     model.load_state_dict(init_state)
     model.to(device)
-    model.tie_weights()  # .to("tpu") loses the LM head / embedding tie; restore it
+    model.tie_weights()  # keep the LM head / embedding tie explicit (torchtpu re-ties after .to())
     opt = make_optimizer(model, lr=args.lr)
     print(f"model: GPT {cfg.n_layer} layers, width {cfg.n_embd}, context {cfg.block_size}, "
           f"{count_params(model) / 1e6:.2f}M params; batch {args.batch}, {args.steps} steps "
