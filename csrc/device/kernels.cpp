@@ -330,11 +330,7 @@ at::Tensor to_cpu(const at::Tensor& t) {
 }
 
 void write_back(const at::Tensor& tpu_dst, const at::Tensor& cpu_src) {
-  at::Tensor inner = unwrap(tpu_dst);
-  auto* impl = static_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
-  impl->set_value(upload(cpu_src.to(tpu_dst.scalar_type()), tpu_dst.device().index()));
-  if (at::functionalization::impl::isFunctionalTensor(tpu_dst))
-    at::functionalization::impl::replace_(tpu_dst, inner);
+  store_value(tpu_dst, upload(cpu_src, tpu_dst.device().index()));
 }
 
 }  // namespace
@@ -495,14 +491,6 @@ std::optional<c10::OperatorHandle> functional_counterpart(const c10::FunctionSch
   return std::nullopt;
 }
 
-void write_value(const at::Tensor& dst, const at::Tensor& result) {
-  at::Tensor inner = unwrap(dst);
-  auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
-  TORCH_CHECK(impl, "torchtpu: in-place destination is not a tpu tensor");
-  impl->set_value(convert_value(value_of(result, dst.device().index()), to_dtype(dst.scalar_type())));
-  if (at::functionalization::impl::isFunctionalTensor(dst)) at::functionalization::impl::replace_(dst, inner);
-}
-
 // An in-place or out= op on inner tensors (PyTorch's composite kernels issue these on fresh
 // tensors below functionalization): run the functional op, then store into the written args.
 bool lower_mutable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -534,7 +522,8 @@ bool lower_mutable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     else if (r.isTensorList()) for (const at::Tensor& t : r.toTensorList()) results.push_back(t);
   }
   if (results.size() < written.size()) return false;
-  for (size_t i = 0; i < written.size(); ++i) write_value(written[i], results[i]);
+  for (size_t i = 0; i < written.size(); ++i)
+    store_value(written[i], value_of(results[i], written[i].device().index()));
   torch::jit::drop(*stack, n);
   for (size_t i = 0; i < schema.returns().size() && i < written.size(); ++i) stack->push_back(written[i]);
   return true;
@@ -644,9 +633,6 @@ at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef, std::optio
 
 // Writes src (any device) into the inner tpu tensor dst, converting and broadcasting.
 void assign_to_tpu(const at::Tensor& dst, const at::Tensor& src) {
-  at::Tensor inner = unwrap(dst);
-  auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
-  TORCH_CHECK(impl, "torchtpu: copy destination is not a tpu tensor");
   int device = dst.device().index();
   ValuePtr v;
   if (is_tpu(src) && src.device().index() == device) {
@@ -655,9 +641,7 @@ void assign_to_tpu(const at::Tensor& dst, const at::Tensor& src) {
     at::Tensor host = is_tpu(src) ? download(value_of(src, src.device().index())) : src;
     v = upload(host, device);
   }
-  v = broadcast_value(convert_value(v, to_dtype(dst.scalar_type())), dst.sizes().vec());
-  impl->set_value(v);
-  if (at::functionalization::impl::isFunctionalTensor(dst)) at::functionalization::impl::replace_(dst, inner);
+  store_value(dst, broadcast_value(convert_value(v, to_dtype(dst.scalar_type())), dst.sizes().vec()));
 }
 
 at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {

@@ -176,6 +176,14 @@ at::Tensor make_tensor(ValuePtr value) {
   return at::Tensor(c10::make_intrusive<TpuTensorImpl>(std::move(value), device));
 }
 
+void store_value(const at::Tensor& dst, const ValuePtr& value) {
+  at::Tensor inner = unwrap(dst);
+  auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
+  TORCH_CHECK(impl, "torchtpu: an op wrote into a tensor that is not on tpu");
+  impl->set_value(convert_value(value, to_dtype(dst.scalar_type())));
+  if (at::functionalization::impl::isFunctionalTensor(dst)) at::functionalization::impl::replace_(dst, inner);
+}
+
 at::Tensor wrap_for_user(const at::Tensor& raw) {
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Functionalize)) return raw;
   return at::functionalization::impl::to_functional_tensor(raw);

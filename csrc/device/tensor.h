@@ -58,6 +58,9 @@ at::Tensor unwrap(const at::Tensor& t);
 ValuePtr value_of(const at::Tensor& t, int device);
 // A new raw tpu tensor holding the value.
 at::Tensor make_tensor(ValuePtr value);
+// Stores `value` (converted to dst's dtype) as the new contents of the tpu tensor dst: an
+// op wrote into it. A functional wrapper is updated too.
+void store_value(const at::Tensor& dst, const ValuePtr& value);
 // Wraps a raw tensor for the user unless we are inside functionalization.
 at::Tensor wrap_for_user(const at::Tensor& raw);
 

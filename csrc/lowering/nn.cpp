@@ -375,14 +375,6 @@ LOWERING("torchtpu::nn.native_batch_norm_backward", lower_batch_norm_backward);
 namespace torchtpu {
 namespace {
 
-void store_into(const at::Tensor& dst, const at::Tensor& src) {
-  at::Tensor inner = unwrap(dst);
-  auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
-  TORCH_CHECK(impl, "torchtpu: batch norm running statistics must be tpu tensors");
-  impl->set_value(convert_value(value_of(src, dst.device().index()), to_dtype(dst.scalar_type())));
-  if (at::functionalization::impl::isFunctionalTensor(dst)) at::functionalization::impl::replace_(dst, inner);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_native_batch_norm(
     const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
@@ -397,8 +389,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_native_batch_norm(
                            const at::Tensor&, const at::Tensor&, bool, double, double)>();
   auto r = op.call(input, weight, bias, *running_mean, *running_var, training, momentum, eps);
   if (training) {
-    store_into(*running_mean, std::get<3>(r));
-    store_into(*running_var, std::get<4>(r));
+    store_value(*running_mean, value_of(std::get<3>(r), running_mean->device().index()));
+    store_value(*running_var, value_of(std::get<4>(r), running_var->device().index()));
   }
   return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
 }
