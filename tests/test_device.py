@@ -2,14 +2,12 @@
 bad input. CPU is the oracle."""
 import io
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 import torchtpu
+import utils
 from utils import assert_close, check
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
@@ -194,10 +192,7 @@ def test_unsupported_dtype_is_a_type_error():
 
 
 def run_python(code, **env):
-    full_env = dict(os.environ)
-    full_env.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=full_env, timeout=300)
+    return utils.run_python(code, timeout=300, **env)
 
 
 def test_autoload_with_plain_import_torch():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchtpu
-from utils import assert_close
+from utils import assert_close, run_python
 
 
 def make_mlp(seed=0):
@@ -174,15 +174,10 @@ def test_fallback_is_counted_and_warned_once():
     assert "aten::special_bessel_j0" in torchtpu.metrics.report()
 
 
-def run_script(code, **env):
-    full = dict(os.environ)
-    full.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=full, timeout=600)
 
 
 def test_fallback_error_policy():
-    result = run_script("""
+    result = run_python("""
         import torch, torchtpu
         try:
             torch.special.bessel_j0(torch.ones(3, device="tpu"))
@@ -193,7 +188,7 @@ def test_fallback_error_policy():
 
 
 def test_dump_dir_writes_stablehlo(tmp_path):
-    result = run_script("""
+    result = run_python("""
         import torch
         print((torch.ones(3, device="tpu") * 2).sum().item())
     """, TORCHTPU_DUMP_DIR=str(tmp_path), TORCHTPU_CACHE_DIR="")
@@ -227,26 +222,26 @@ def last_json(result):
 
 
 def test_second_process_loads_executables_from_disk(tmp_path):
-    first = last_json(run_script(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
-    second = last_json(run_script(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
+    first = last_json(run_python(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
+    second = last_json(run_python(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
     assert first["compiled"] >= 2 and first["disk"] == 0
     assert second["compiled"] == 0 and second["disk"] == first["compiled"]
     assert second["loss"] == first["loss"]
 
 
 def test_damaged_cache_entries_are_recompiled_with_a_warning(tmp_path):
-    first = last_json(run_script(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
+    first = last_json(run_python(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
     entries = sorted(tmp_path.glob("*.xla"))
     assert len(entries) == first["compiled"]
     entries[0].write_bytes(entries[0].read_bytes()[:100])  # truncated
     data = bytearray(entries[1].read_bytes())
     data[-10] ^= 0xFF  # corrupted payload
     entries[1].write_bytes(bytes(data))
-    result = run_script(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path))
+    result = run_python(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path))
     second = last_json(result)
     assert second["compiled"] == 2 and second["loss"] == first["loss"]
     assert result.stderr.count("ignoring damaged compilation cache entry") == 2
-    third = last_json(run_script(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
+    third = last_json(run_python(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
     assert third["compiled"] == 0
 
 
@@ -258,10 +253,10 @@ def test_concurrent_writers_leave_a_valid_cache(tmp_path):
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
     assert not list(tmp_path.glob("*.tmp.*"))
-    after = last_json(run_script(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
+    after = last_json(run_python(TRAIN_SCRIPT, TORCHTPU_CACHE_DIR=str(tmp_path)))
     assert after["compiled"] == 0
 
 
 def test_mode_from_environment():
-    result = run_script("import torchtpu; print(torchtpu.get_mode())", TORCHTPU_MODE="strict")
+    result = run_python("import torchtpu; print(torchtpu.get_mode())", TORCHTPU_MODE="strict")
     assert result.stdout.strip().endswith("strict"), result.stderr

@@ -1,4 +1,9 @@
 """Helpers that compare an operation on tpu against the same operation on CPU."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import torch
 
 import torchtpu
@@ -63,3 +68,12 @@ def check(fn, *args, rtol=1e-5, atol=1e-5, grad=False, no_fallback=True, **kwarg
         new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         assert not new, f"ops fell back to CPU: {new}"
     return actual
+
+
+def run_python(code, timeout=600, **env):
+    """Runs code in a fresh interpreter with extra environment variables; returns the
+    CompletedProcess (stdout and stderr captured as text)."""
+    full_env = dict(os.environ)
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)

@@ -4,6 +4,20 @@
 namespace torchtpu {
 namespace {
 
+// beta * self + alpha * product for the add* family (args: self, _, _, beta, alpha).
+V beta_self_plus_alpha(LoweringContext& ctx, const Node& node, V product) {
+  const TensorType& out = ctx.out(node);
+  const Arg& beta = node.args[3];
+  const Arg& alpha = node.args[4];
+  if (alpha.lifted || alpha.as_double() != 1.0)
+    product = ctx.binary("stablehlo.multiply", product, ctx.broadcast_to(ctx.scalar(node, 4, out.dtype), out.shape));
+  if (!beta.lifted && beta.as_double() == 0.0) return product;  // PyTorch ignores self (even NaN) when beta is 0
+  V self = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
+  if (beta.lifted || beta.as_double() != 1.0)
+    self = ctx.binary("stablehlo.multiply", self, ctx.broadcast_to(ctx.scalar(node, 3, out.dtype), out.shape));
+  return ctx.binary("stablehlo.add", self, product);
+}
+
 // mm(self, mat2) and bmm(self, mat2): contract the last dim of self with mat2's dim -2.
 void lower_matmul(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
@@ -22,18 +36,7 @@ void lower_addmm(LoweringContext& ctx, const Node& node) {
   V b = ctx.convert(ctx.input(node, 2), out.dtype);
   V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {0}, {0}, {2}, {1}, out)
                                  : ctx.dot_general(a, b, {}, {}, {1}, {0}, out);
-  const Arg& beta = node.args[3];
-  const Arg& alpha = node.args[4];
-  if (alpha.lifted || alpha.as_double() != 1.0)
-    product = ctx.binary("stablehlo.multiply", product, ctx.broadcast_to(ctx.scalar(node, 4, out.dtype), out.shape));
-  if (!beta.lifted && beta.as_double() == 0.0) {
-    ctx.set_result(product);  // PyTorch ignores self (even NaN) when beta is 0
-    return;
-  }
-  V self = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
-  if (beta.lifted || beta.as_double() != 1.0)
-    self = ctx.binary("stablehlo.multiply", self, ctx.broadcast_to(ctx.scalar(node, 3, out.dtype), out.shape));
-  ctx.set_result(ctx.binary("stablehlo.add", self, product));
+  ctx.set_result(beta_self_plus_alpha(ctx, node, product));
 }
 
 // mv(self, vec), dot(self, tensor): contract the last dim of self with the vector.
@@ -52,18 +55,7 @@ void lower_addmv_addbmm(LoweringContext& ctx, const Node& node) {
   V b = ctx.convert(ctx.input(node, 2), out.dtype);
   V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {}, {}, {0, 2}, {0, 1}, out)  // sum over batch and k
                                  : ctx.dot_general(a, b, {}, {}, {1}, {0}, out);
-  const Arg& beta = node.args[3];
-  const Arg& alpha = node.args[4];
-  if (alpha.lifted || alpha.as_double() != 1.0)
-    product = ctx.binary("stablehlo.multiply", product, ctx.broadcast_to(ctx.scalar(node, 4, out.dtype), out.shape));
-  if (!beta.lifted && beta.as_double() == 0.0) {
-    ctx.set_result(product);
-    return;
-  }
-  V self = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
-  if (beta.lifted || beta.as_double() != 1.0)
-    self = ctx.binary("stablehlo.multiply", self, ctx.broadcast_to(ctx.scalar(node, 3, out.dtype), out.shape));
-  ctx.set_result(ctx.binary("stablehlo.add", self, product));
+  ctx.set_result(beta_self_plus_alpha(ctx, node, product));
 }
 
 LOWERING("aten::mm", lower_matmul);
