@@ -408,3 +408,36 @@ def test_training_three_shapes_compile_counts():
     # a capturing call and a replaying one (Dynamo's second shape switches to a dynamic
     # graph, so size 4 is captured twice); in the last round nothing compiles.
     assert total[9:] == [0, 0, 0]
+
+
+def test_reset_mid_training_matches_eager():
+    # A graph captured after the optimizer has updated the weights, on a first (capturing)
+    # forward: the saved transposes of the weights are functional views of the parameters
+    # and the backward reads them through their storage's base. Replays must read the
+    # current weights, not the ones of the capturing step.
+    torch.manual_seed(0)
+    model = Block()
+    data = [(torch.randn(2, 8, 16), torch.randn(2, 8, 16)) for _ in range(2)]
+
+    def run(reset_at):
+        tpu_model = copy.deepcopy(model).to("tpu")
+        opt = torch.optim.AdamW(tpu_model.parameters(), lr=1e-2, eps=1e-3)
+        fwd = torch.compile(tpu_model, backend="tpu") if reset_at is not None else tpu_model
+        losses = []
+        for step in range(8):
+            if step == reset_at:
+                torch._dynamo.reset()
+            x, y = data[step % 2]
+            loss = mse(fwd(x.to("tpu")), y.to("tpu"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().cpu())
+        return torch.stack(losses)
+
+    eager = run(None)
+    stats = _C.capture_stats()
+    compiled = run(3)
+    replays = _C.capture_stats()["replays"] - stats["replays"]
+    assert replays >= 8  # the steps after each capture replay (forward and backward)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

@@ -139,9 +139,12 @@ class _CompiledGraph:
             hash(key)
         except TypeError:  # an unhashable non-tensor input: no capture for it
             return self._interpret(args)
-        for handle, constants in self.captures.get(key, ()):
+        handles = self.captures.get(key, ())
+        for n, (handle, constants) in enumerate(handles):
             out = _C.run_captured(handle, list(args))
             if out is not None:
+                if n:  # the capture that fits goes first (a capturing call's inputs can
+                    handles.insert(0, handles.pop(n))  # differ from later calls' ones)
                 # Non-tensor outputs (SymInts of dynamic graphs, None) are fixed by the key.
                 for i, value in constants:
                     out[i] = value

@@ -1,6 +1,9 @@
 // Compiled-graph capture and replay for torch.compile (see capture.h and torchtpu/compiler.py).
 #include "engine/capture.h"
 
+#include <ATen/FunctionalStorageImpl.h>
+#include <ATen/FunctionalTensorWrapper.h>
+
 #include <sstream>
 #include <unordered_map>
 
@@ -18,9 +21,14 @@ struct Capture {
   // Pairs of FX inputs that held the same value when captured (a parameter reads the first).
   std::vector<std::pair<int, int>> alias_pairs;
   struct Param {
-    int input = -1;     // the FX input whose buffer this parameter is, or -1:
-    ValuePtr constant;  // a value made inside the graph from no input (an uploaded constant)
+    int input = -1;      // the FX input whose buffer this parameter is, or -1:
+    bool base = false;   // ... or the base of that input's functional storage (see below)
+    ValuePtr constant;   // a value made inside the graph from no input (an uploaded constant)
   };
+  // An FX input that is a functional view of another tensor (a saved transpose of a weight,
+  // say) is read inside the graph through its storage's base: views of it are replayed on
+  // the base. Per FX input: the base's type when a parameter is such a base.
+  std::vector<std::optional<TensorType>> base_types;
   std::vector<Param> params;
   std::vector<double> float_scalars;
   std::vector<int64_t> int_scalars;
@@ -39,6 +47,7 @@ namespace {
 
 struct BeginState {
   bool active = false;
+  uint64_t serial = 0;  // values with a larger serial were made inside the capture
   int64_t execute_count = 0;
   int64_t fallbacks = 0;
 };
@@ -75,6 +84,18 @@ BufferPtr upload_ints(const std::vector<int64_t>& values, int device) {
   return runtime().upload_bytes(values.data(), t, device);
 }
 
+// The value of the base of a functional tensor's storage (what views of it are computed
+// from), or null when t is not a functional tpu tensor.
+ValuePtr storage_base_value(const at::Tensor& t, int device) {
+  if (!at::functionalization::impl::isFunctionalTensor(t)) return nullptr;
+  auto* storage = dynamic_cast<at::functionalization::FunctionalStorageImpl*>(
+      t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
+  if (!storage) return nullptr;
+  const at::Tensor& base = storage->base();
+  if (!is_tpu(base) || base.device().index() != device) return nullptr;
+  return value_of(base, device);
+}
+
 }  // namespace
 
 void capture_begin(const std::vector<at::Tensor>& inputs) {
@@ -86,6 +107,7 @@ void capture_begin(const std::vector<at::Tensor>& inputs) {
     if (is_tpu(t)) value_of(t, t.device().index());  // functional views sync here
   e.sync(false);
   g_begin.active = true;
+  g_begin.serial = next_value_serial();
   g_begin.execute_count = e.metrics().execute_count.load();
   g_begin.fallbacks = fallback_total(e);
 }
@@ -96,6 +118,7 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
   EngineLock lock;
   Engine& e = Engine::get();
   // One pending graph: nothing ran (no flush) and nothing fell back to CPU since the start.
+  uint64_t begin_serial = g_begin.serial;
   bool ok = g_begin.active && e.mode() == Mode::Fused && e.metrics().execute_count.load() == g_begin.execute_count &&
             fallback_total(e) == g_begin.fallbacks;
   g_begin.active = false;
@@ -143,12 +166,36 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
   }
   Engine::CaptureRun run = e.run_for_capture(roots, device);
   capture->executable = run.executable;
+  std::unordered_map<const Value*, int> base_of;  // storage bases of the FX inputs
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!capture->input_types[i]) continue;
+    ValuePtr b = storage_base_value(inputs[i], device);
+    if (b) base_of.emplace(b.get(), static_cast<int>(i));
+  }
+  capture->base_types.resize(inputs.size());
+  bool reads_outside_state = false;
   for (const ValuePtr& p : run.params) {
     Capture::Param param;
     auto it = input_of.find(p.get());
-    if (it != input_of.end()) param.input = it->second;
-    else param.constant = p;
+    auto base = base_of.find(p.get());
+    if (it != input_of.end()) {
+      param.input = it->second;
+    } else if (base != base_of.end()) {
+      param.input = base->second;
+      param.base = true;
+      capture->base_types[base->second] = p->type;
+    } else if (p->serial >= begin_serial) {
+      param.constant = p;  // made inside the graph: the same on every call
+    } else {
+      // Older state that is neither an FX input nor what one is a view of: a replay would
+      // read it as it is now, forever. Such graphs keep running through the interpreter.
+      reads_outside_state = true;
+    }
     capture->params.push_back(std::move(param));
+  }
+  if (reads_outside_state) {
+    g_uncapturable++;
+    return nullptr;  // the outputs were computed by run_for_capture
   }
   capture->float_scalars = std::move(run.float_scalars);
   capture->int_scalars = std::move(run.int_scalars);
@@ -177,13 +224,19 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
   }
   for (auto [a, b] : c.alias_pairs)
     if (values[a] != values[b]) { g_misses++; return std::nullopt; }
+  std::vector<ValuePtr> bases(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!c.base_types[i]) continue;
+    bases[i] = storage_base_value(inputs[i], c.device);
+    if (!bases[i] || !(bases[i]->type == *c.base_types[i])) { g_misses++; return std::nullopt; }
+  }
 
   std::vector<BufferPtr> results;
   if (c.executable) {
     std::vector<BufferPtr> args;
     args.reserve(c.params.size() + 2);
     for (const Capture::Param& p : c.params)
-      args.push_back(e.materialize(p.input >= 0 ? values[p.input] : p.constant));
+      args.push_back(e.materialize(p.input < 0 ? p.constant : p.base ? bases[p.input] : values[p.input]));
     if (c.float_pack) args.push_back(c.float_pack);
     if (c.int_pack) {
       if (c.random_seed_slots.empty()) {
@@ -228,7 +281,9 @@ std::string describe_capture(const Capture& c) {
   std::ostringstream s;
   s << "capture on tpu:" << c.device << ", " << c.params.size() << " parameters (";
   for (size_t p = 0; p < c.params.size(); ++p)
-    s << (p ? " " : "") << (c.params[p].input >= 0 ? "in" + std::to_string(c.params[p].input) : std::string("const"));
+    s << (p ? " " : "")
+      << (c.params[p].input < 0 ? std::string("const")
+                                : (c.params[p].base ? "base" : "in") + std::to_string(c.params[p].input));
   s << "), " << c.float_scalars.size() << " float and " << c.int_scalars.size() << " int scalars, "
     << c.random_seed_slots.size() << " random ops, outputs (";
   for (size_t k = 0; k < c.outputs.size(); ++k) {

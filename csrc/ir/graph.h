@@ -54,7 +54,15 @@ struct Node {
 };
 using NodePtr = std::shared_ptr<Node>;
 
+// Values are numbered in creation order (a capture tells values made inside it from older
+// state it read).
+inline uint64_t next_value_serial() {
+  static std::atomic<uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 struct Value {
+  uint64_t serial = next_value_serial();
   TensorType type;
   int device = 0;
   BufferPtr buffer;     // set once computed
