@@ -202,8 +202,10 @@ def test_small_cnn_fullgraph():
         assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_three_shapes_compile_exactly_once_each():
-    # Sizes used by no other test, so neither cache has these graphs yet.
+def test_three_shapes_compile_exactly_once_each(monkeypatch):
+    # Sizes used by no other test, so neither cache has these graphs yet. Exact shapes (no
+    # buckets): see test_dynamic_lengths_compile_once_per_bucket_and_match_eager for those.
+    monkeypatch.setenv("TORCHTPU_BUCKETS", "off")
     torch.manual_seed(0)
     cpu_model = nn.Sequential(nn.Linear(13, 7), nn.ReLU(), nn.Linear(7, 3))
     compiled = torch.compile(copy.deepcopy(cpu_model).to("tpu"), backend="tpu")
@@ -380,7 +382,8 @@ def test_interpreter_path_without_replay(monkeypatch):
     assert _C.capture_stats() == stats
 
 
-def test_training_three_shapes_compile_counts():
+def test_training_three_shapes_compile_counts(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_BUCKETS", "off")  # exact shapes; buckets are tested below
     # Forward and backward: one executable each per new batch size, none for sizes seen
     # before. (Eager work between them, e.g. AOTAutograd detaching saved views on a
     # capturing call and the gradient seed, is flushed outside the measured windows.)
@@ -441,3 +444,100 @@ def test_reset_mid_training_matches_eager():
     replays = _C.capture_stats()["replays"] - stats["replays"]
     assert replays >= 8  # the steps after each capture replay (forward and backward)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+class SeqClassifier(nn.Module):
+    """Variable-length sequences: embedding, non-causal attention (softmax over padded keys),
+    layer norm, mean and max pooling over the sequence, and the loss inside the module."""
+
+    def __init__(self, vocab=50, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(2 * d, 3)
+
+    def forward(self, ids, target):
+        x = self.emb(ids)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        att = (q @ k.transpose(1, 2) / 4.0).softmax(-1)
+        h = self.ln(x + att @ v)
+        pooled = torch.cat([h.mean(1), h.amax(1)], dim=-1)
+        logits = self.head(pooled)
+        return logits, F.cross_entropy(logits, target)
+
+
+def _train_variable_lengths(device, compiled, lengths, **compile_kwargs):
+    torch.manual_seed(0)
+    model = SeqClassifier().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fwd = torch.compile(model, backend="tpu", **compile_kwargs) if compiled else model
+    losses, logits = [], []
+    for i, n in enumerate(lengths):
+        g = torch.Generator().manual_seed(i)
+        ids, target = torch.randint(0, 50, (3, n), generator=g), torch.randint(0, 3, (3,), generator=g)
+        out, loss = fwd(ids.to(device), target.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().to("cpu"))
+        logits.append(out.detach().to("cpu"))
+    return torch.stack(losses), logits, [p.detach().to("cpu") for p in model.parameters()]
+
+
+def _bucketed_graphs():
+    return [g for g in compiler._compiled_graphs if isinstance(g, compiler._BucketedGraph)]
+
+
+def test_dynamic_lengths_compile_once_per_bucket_and_match_eager(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_BUCKETS", "pow2")
+    lengths = [5, 7, 12, 3, 16, 9, 4, 13]  # buckets 8, 8, 16, 4, 16, 16, 4, 16
+    cpu_losses, cpu_logits, cpu_params = _train_variable_lengths("cpu", False, lengths)
+    older = set(_bucketed_graphs())
+    before = counters()["graphs_compiled"]
+    losses, logits, params = _train_variable_lengths("tpu", True, lengths, dynamic=True)
+    first_pass = counters()["graphs_compiled"] - before
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-6)
+    for a, b in zip(logits, cpu_logits):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params, cpu_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    graphs = [g for g in _bucketed_graphs() if g not in older]
+    assert {g.name for g in graphs} == {"forward", "backward"}
+    for g in graphs:
+        # One captured executable per bucket (4, 8, 16) and batch 3 -> 4; nothing exact.
+        assert sorted(g.variants) in ([(4, 4), (4, 8), (4, 16)], [(4, 4), (8, 4), (16, 4)])
+        assert all(v is not None for v in g.variants.values()) and g.stats["captured"] == 0
+        assert all(v[0].stats["captured"] == 1 for v in g.variants.values())  # one executable each
+    assert not compiler.bucket_fallbacks
+    # The same lengths again: every graph is in a cache, nothing compiles.
+    before = counters()["graphs_compiled"]
+    _train_variable_lengths("tpu", True, lengths, dynamic=True)
+    assert counters()["graphs_compiled"] - before == 0
+    # Per bucket a forward and a backward, plus the optimizer step and the gradient seed.
+    assert first_pass <= 3 * 2 + 2
+
+
+def test_dynamic_lengths_without_buckets_compile_per_length(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_BUCKETS", "off")
+    lengths = [5, 7, 6]
+    cpu_losses, _, _ = _train_variable_lengths("cpu", False, lengths)
+    before = counters()["graphs_compiled"]
+    losses, _, _ = _train_variable_lengths("tpu", True, lengths, dynamic=True)
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-6)
+    assert counters()["graphs_compiled"] - before >= 2 * len(lengths)
+
+
+def test_bucketing_falls_back_for_ops_it_cannot_mask(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_BUCKETS", "pow2")
+
+    def f(x):
+        return torch.sort(x, dim=1).values[:, :2] * 2 + x.var(1, keepdim=True)
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (5, 6, 3):
+        x = torch.randn(2, n)
+        assert_close(compiled(x.to("tpu")), f(x), rtol=1e-5, atol=1e-5)
+    assert compiler.bucket_fallbacks
+    assert "exact sizes" in torchtpu.metrics.report()

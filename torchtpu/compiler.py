@@ -30,7 +30,7 @@ import weakref
 
 import torch
 
-from torchtpu import _C
+from torchtpu import _C, _buckets
 
 __all__ = ["tpu_backend"]
 
@@ -171,11 +171,15 @@ class _CompiledGraph:
             _C.capture_abort()
             raise
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
-        handle = _C.capture_end(args, outs)  # compiles (or finds) and runs the graph
-        if handle is None:
+        captured = _C.capture_end(args, outs)  # compiles (or finds) and runs the graph
+        if captured is None:
             self.uncapturable.add(key)
             self.stats["interpreted"] += 1
             return out
+        handle, first = captured
+        # Return the outputs as replays will (not views of the inputs' storage), keeping
+        # non-tensor outputs from the graph.
+        out = [f if isinstance(o, torch.Tensor) else o for f, o in zip(first, outs)]
         constants = [(i, o) for i, o in enumerate(outs) if o is not None and not isinstance(o, torch.Tensor)]
         if any(isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool)) for _, o in constants):
             self.uncapturable.add(key)  # symbolic outputs (unbacked) are not constants
@@ -187,10 +191,116 @@ class _CompiledGraph:
         return out
 
 
-def _make_compiler(name: str):
+class _BucketedGraph:
+    """A graph with symbolic sizes: each call runs the graph rewritten for its sizes' bucket
+    (torchtpu/_buckets.py), or the exact graph when the rewrite does not apply."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, saved_specs: dict, num_user_outputs):
+        self.gm = gm
+        self.name = name
+        self.exact = _CompiledGraph(gm, name)
+        self.stats = self.exact.stats
+        self.symbols = _buckets.graph_symbols(gm)
+        self.saved_specs = saved_specs  # bucket key -> {forward output name: padding spec}
+        self.num_user_outputs = num_user_outputs
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.outputs = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+        self.variants: dict[tuple, object] = {}
+        self.reasons: dict[tuple, str] = {}
+
+    def _reals(self, args) -> dict:
+        for a in args:  # tensors a bucketed forward saved for this backward know the sizes
+            real = getattr(a, _buckets._REAL_ATTR, None) if isinstance(a, torch.Tensor) else None
+            if real is not None:
+                return dict(real)
+        reals = {}
+        for p, a in zip(self.placeholders, args):
+            v = _buckets._val(p)
+            if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and isinstance(a, int):
+                reals[v.node.expr.name] = a
+        seen = {}
+        for p, a in zip(self.placeholders, args):  # the smallest size seen: the real one
+            v = _buckets._val(p)
+            if isinstance(v, torch.Tensor) and isinstance(a, torch.Tensor):
+                for e, size in zip(v.shape, a.shape):
+                    e = _buckets._expr(e)
+                    if e is not None and e.is_Symbol and e.name not in reals:
+                        seen[e.name] = min(size, seen.get(e.name, size))
+        return {**seen, **reals}
+
+    def _variant(self, key, buckets):
+        if key not in self.variants:
+            try:
+                names = [o.name if isinstance(o, torch.fx.Node) else None for o in self.outputs]
+                gm, specs, out_specs, _ = _buckets.rewrite(self.gm, buckets, self.symbols,
+                                                            self.saved_specs.get(key, {}))
+                if self.name == "forward":
+                    self.saved_specs[key] = {nm: sp for nm, sp in zip(names, out_specs) if nm and sp is not None}
+                self.variants[key] = (_CompiledGraph(gm, self.name), specs, out_specs)
+            except _buckets.NoBucket as e:
+                self.variants[key] = None
+                self.reasons[key] = str(e)
+                bucket_fallbacks.append(f"{self.name} graph at sizes {buckets}: {e}")
+        return self.variants[key]
+
+    def __call__(self, *args):
+        pol = _buckets.policy()
+        if pol is None or not self.symbols or _C.get_mode() != "fused":
+            return self.exact(*args)
+        reals = self._reals(args)
+        if any(s not in reals for s in self.symbols):
+            return self.exact(*args)
+        buckets = {s: _buckets.bucket_of(reals[s], pol) for s in self.symbols}
+        key = tuple(buckets[s] for s in self.symbols)
+        variant = self._variant(key, buckets)
+        if variant is None:
+            if any(isinstance(a, torch.Tensor) and hasattr(a, _buckets._REAL_ATTR) for a in args):
+                raise RuntimeError(
+                    f"torchtpu: the {self.name} graph cannot run padded ({self.reasons[key]}) but its forward "
+                    "did; set TORCHTPU_BUCKETS=off to compile each size exactly")
+            return self.exact(*args)
+        compiled, specs, out_specs = variant
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        new_args = []
+        for p, a in zip(self.placeholders, args):
+            v = _buckets._val(p)
+            if isinstance(v, torch.SymInt):
+                new_args.append(_buckets._eval(v.node.expr, buckets))
+            elif isinstance(a, torch.Tensor) and p.name in specs:
+                new_args.append(_buckets.pad(a, specs[p.name], reals))
+            else:
+                new_args.append(a)
+        new_args.append(torch.tensor([reals[s] for s in self.symbols], dtype=torch.int64).to(device))
+        out = list(compiled(*new_args))
+        users = len(out) if self.num_user_outputs is None else self.num_user_outputs
+        for i, (o, node) in enumerate(zip(out, self.outputs)):
+            v = _buckets._val(node)
+            if isinstance(v, torch.SymInt):
+                out[i] = _buckets._eval(v.node.expr, reals)
+            elif isinstance(o, torch.Tensor) and _buckets._any_padded(out_specs[i]):
+                if i < users:
+                    out[i] = _buckets.unpad(o, out_specs[i], reals)
+                else:
+                    setattr(o, _buckets._REAL_ATTR, reals)
+        return out
+
+
+def _has_symbolic_inputs(gm) -> bool:
+    return bool(_buckets.graph_symbols(gm))
+
+
+def _make_compiler(name: str, saved_specs: dict):
     def compile_fx(gm: torch.fx.GraphModule, example_inputs):
         global fx_graphs_compiled
-        compiled = _CompiledGraph(gm, name)
+        if _has_symbolic_inputs(gm):
+            users = None
+            if name == "forward":
+                ctx = torch._guards.TracingContext.try_get()
+                meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+                users = getattr(meta, "num_forward", None)
+            compiled = _BucketedGraph(gm, name, saved_specs, users)
+        else:
+            compiled = _CompiledGraph(gm, name)
         fx_graphs_compiled += 1
         _compiled_graphs.add(compiled)
         return compiled
@@ -202,6 +312,8 @@ def _make_compiler(name: str):
 # received, and the live ones (their .stats say how often each was captured/replayed).
 fx_graphs_compiled = 0
 _compiled_graphs = weakref.WeakSet()
+# Dynamic graphs that could not run padded at some sizes, and why (metrics.report()).
+bucket_fallbacks: list[str] = []
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
@@ -211,8 +323,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
     _patch_fakeification()
 
+    saved_specs: dict = {}  # the forward's saved tensors' padding, for the backward
+
     def boxed(name):
-        inner = _make_compiler(name)
+        inner = _make_compiler(name, saved_specs)
 
         def compiler(gm, example_inputs):
             return make_boxed_func(inner(gm, example_inputs))

@@ -31,6 +31,13 @@ def report() -> str:
             lines.append(f"    {op:<40} {count}")
     else:
         lines.append("  ops run on CPU: none")
+    import sys
+
+    compiler = sys.modules.get("torchtpu.compiler")
+    if compiler is not None and compiler.bucket_fallbacks:
+        lines.append("  torch.compile graphs run at exact sizes instead of a padded bucket:")
+        for reason in compiler.bucket_fallbacks[-20:]:
+            lines.append(f"    {reason}")
     recompiled = recompilations()
     if recompiled:
         lines.append("  recompilations (where the new graph started, and what changed):")

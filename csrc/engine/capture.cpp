@@ -41,6 +41,7 @@ struct Capture {
     ValuePtr constant;
   };
   std::vector<Output> outputs;
+  std::vector<ValuePtr> first_results;  // the capturing call's roots, until taken
 };
 
 namespace {
@@ -203,9 +204,13 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
   if (!capture->float_scalars.empty()) capture->float_pack = upload_scalars(capture->float_scalars, device);
   if (!capture->int_scalars.empty()) capture->int_pack = upload_ints(capture->int_scalars, device);
   capture->result_types = std::move(run.result_types);  // roots first, then values only kept live
+  capture->first_results = roots;
   g_captures++;
   return capture;
 }
+
+std::vector<at::Tensor> assemble_outputs(const Capture& c, const std::vector<at::Tensor>& root_tensors,
+                                         const std::vector<at::Tensor>& inputs);
 
 std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vector<at::Tensor>& inputs) {
   EngineLock lock;
@@ -260,6 +265,19 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
   std::vector<at::Tensor> root_tensors;
   root_tensors.reserve(results.size());
   for (BufferPtr& b : results) root_tensors.push_back(make_tensor(e.from_buffer(std::move(b))));
+  return assemble_outputs(c, root_tensors, inputs);
+}
+
+std::vector<at::Tensor> take_first_outputs(Capture& c, const std::vector<at::Tensor>& inputs) {
+  EngineLock lock;
+  std::vector<at::Tensor> root_tensors;
+  for (const ValuePtr& v : c.first_results) root_tensors.push_back(make_tensor(v));
+  c.first_results.clear();
+  return assemble_outputs(c, root_tensors, inputs);
+}
+
+std::vector<at::Tensor> assemble_outputs(const Capture& c, const std::vector<at::Tensor>& root_tensors,
+                                         const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> out;
   out.reserve(c.outputs.size());
   for (const Capture::Output& o : c.outputs) {

@@ -28,6 +28,10 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
 // The outputs for new inputs (undefined where the FX output is not a tensor), or nullopt
 // when the inputs' types or aliasing differ from the captured ones.
 std::optional<std::vector<at::Tensor>> run_captured(Capture& capture, const std::vector<at::Tensor>& inputs);
+// The capturing call's outputs in the form replays return them (fresh tensors for computed
+// outputs, the input tensors for outputs that are inputs), so the graphs that consume them
+// (a backward reading a forward's saved tensors) see the same kind of inputs every call.
+std::vector<at::Tensor> take_first_outputs(Capture& capture, const std::vector<at::Tensor>& inputs);
 
 struct CaptureStats {
   int64_t captures = 0;       // graphs captured

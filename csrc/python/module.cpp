@@ -155,7 +155,14 @@ PYBIND11_MODULE(_C, m) {
       capture = capture_end(ins, outs);
     }
     if (!capture) return py::none();
-    return py::cast(CaptureHandle{capture});
+    std::vector<at::Tensor> first;
+    {
+      py::gil_scoped_release release;
+      first = take_first_outputs(*capture, ins);
+    }
+    py::list result(first.size());
+    for (size_t i = 0; i < first.size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(first[i]));
+    return py::make_tuple(py::cast(CaptureHandle{capture}), result);
   });
   // The FX outputs (None for non-tensor ones), or None when the inputs do not fit.
   m.def("run_captured", [](const CaptureHandle& handle, const py::sequence& inputs) -> py::object {
