@@ -369,6 +369,10 @@ LOWERING("torchtpu::nn.native_batch_norm_backward", lower_batch_norm_backward);
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
 #include "device/tensor.h"
 #include "engine/engine.h"
 
@@ -418,19 +422,50 @@ void masked_backward_kernel(const c10::OperatorHandle& op, torch::jit::Stack* st
   std::string name = "torchtpu::nn." + schema.name().substr(6);
   const LoweringRule* rule = find_lowering(name);
   TORCH_CHECK(rule, "torchtpu: no lowering ", name);
-  // Output types from the meta kernel.
-  torch::jit::Stack meta;
-  for (const auto& a : args) meta.push_back(to_meta_value(a));
-  {
-    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  // Output types from the meta kernel, cached by the arguments' signature: these ops' meta
+  // kernels are Python decompositions (native_layer_norm_backward's runs ~30 ops), which
+  // cost more than everything else in a fused training step when run on every call.
+  std::ostringstream key;
+  key << name;
+  for (const auto& a : args) {
+    key << '|';
+    if (a.isTensor()) {
+      const at::Tensor& t = a.toTensor();
+      if (t.defined()) key << static_cast<int>(t.scalar_type()) << t.sizes();
+      else key << 'u';
+    } else if (a.isBoolList()) {
+      for (bool b : a.toBoolList()) key << b;
+    } else if (a.isSymIntList()) {
+      key << a.toSymIntList();
+    } else if (a.isInt() || a.isBool() || a.isDouble() || a.isSymInt() || a.isIntList()) {
+      key << a;
+    } else {
+      key << a.tagKind();
+    }
   }
+  static std::mutex cache_mutex;
+  static std::unordered_map<std::string, std::pair<std::vector<TensorType>, std::vector<bool>>> cache;
   std::vector<TensorType> types;
   std::vector<bool> defined;
-  for (const auto& r : meta) {
-    bool d = r.isTensor() && r.toTensor().defined();
-    defined.push_back(d);
-    if (d) types.push_back(tensor_type_of(r.toTensor()));
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    auto it = cache.find(key.str());
+    if (it != cache.end()) std::tie(types, defined) = it->second;
+  }
+  if (defined.empty()) {
+    torch::jit::Stack meta;
+    for (const auto& a : args) meta.push_back(to_meta_value(a));
+    {
+      c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    }
+    for (const auto& r : meta) {
+      bool d = r.isTensor() && r.toTensor().defined();
+      defined.push_back(d);
+      if (d) types.push_back(tensor_type_of(r.toTensor()));
+    }
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    cache.emplace(key.str(), std::make_pair(types, defined));
   }
   // Arguments -> node args (these schemas have no Scalar arguments: nothing is lifted).
   int device = -1;
