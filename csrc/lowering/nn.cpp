@@ -436,7 +436,7 @@ void masked_backward_kernel(const c10::OperatorHandle& op, torch::jit::Stack* st
     } else if (a.isBoolList()) {
       for (bool b : a.toBoolList()) key << b;
     } else if (a.isSymIntList()) {
-      key << a.toSymIntList();
+      for (const c10::SymInt& v : a.toSymIntList()) key << v << ',';
     } else if (a.isInt() || a.isBool() || a.isDouble() || a.isSymInt() || a.isIntList()) {
       key << a;
     } else {
