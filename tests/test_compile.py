@@ -541,3 +541,24 @@ def test_bucketing_falls_back_for_ops_it_cannot_mask(monkeypatch):
         assert_close(compiled(x.to("tpu")), f(x), rtol=1e-5, atol=1e-5)
     assert compiler.bucket_fallbacks
     assert "exact sizes" in torchtpu.metrics.report()
+
+
+def test_mark_dynamic_inference_pads_to_buckets_and_slices_outputs(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_BUCKETS", "8,32")
+    torch.manual_seed(0)
+    model = SeqClassifier()
+    compiled = torch.compile(copy.deepcopy(model).to("tpu"), backend="tpu")
+    older = set(_bucketed_graphs())
+    with torch.no_grad():
+        for n in (5, 9, 31, 2, 40):  # buckets 8, 32, 32, 8, and 40 (above the largest: exact)
+            ids, target = torch.randint(0, 50, (2, n)), torch.randint(0, 3, (2,))
+            ids_t = ids.to("tpu")
+            torch._dynamo.mark_dynamic(ids_t, 1)
+            logits, loss = compiled(ids_t, target.to("tpu"))
+            ref_logits, ref_loss = model(ids, target)
+            assert_close(logits, ref_logits, rtol=1e-5, atol=1e-6)
+            assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    (graph,) = [g for g in _bucketed_graphs() if g not in older]
+    assert graph.name == "inference"
+    assert sorted(graph.variants) == [(8,), (32,)]
+    assert graph.stats["captured"] == 1  # n=40: the exact graph

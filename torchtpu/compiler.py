@@ -250,6 +250,8 @@ class _BucketedGraph:
         reals = self._reals(args)
         if any(s not in reals for s in self.symbols):
             return self.exact(*args)
+        if isinstance(pol, list) and any(reals[s] > pol[-1] for s in self.symbols):
+            return self.exact(*args)  # above the largest configured bucket
         buckets = {s: _buckets.bucket_of(reals[s], pol) for s in self.symbols}
         key = tuple(buckets[s] for s in self.symbols)
         variant = self._variant(key, buckets)
