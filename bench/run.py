@@ -808,7 +808,7 @@ def main(argv=None):
                     help="model:variant pairs timed cold/warm in subprocesses")
     ap.add_argument("--batch", type=int, default=None, help="override the batch size")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=12)
     ap.add_argument("--settle", type=float, default=0.2, help="untimed pause before each interleaved step")
     ap.add_argument("--child-timeout", type=float, default=300)
     ap.add_argument("--no-write", action="store_true", help="do not write bench/results/*")

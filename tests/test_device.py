@@ -1,5 +1,6 @@
 """The tpu device: transfers, dtypes, factories, printing, serialization, device module and
 bad input. CPU is the oracle."""
+import copy
 import io
 import os
 
@@ -261,3 +262,27 @@ def test_model_to_keeps_tied_weights(mode):
     model = Tied().to("tpu")
     assert model.head.weight is model.embed.weight
     assert len(list(model.parameters())) == 1
+
+
+def test_inference_mode_runs_models_like_no_grad(mode):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.GELU(), torch.nn.Linear(5, 3))
+    x = torch.randn(4, 6)
+    tpu_model, xt = copy.deepcopy(model).to("tpu"), x.to("tpu")
+    with torch.inference_mode():
+        expected = model(x)[1:3].t()
+        out = tpu_model(xt)[1:3].t()  # Linear's weight.t(), a slice, a transpose: views
+        view = xt.view(24)
+    assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    assert_close(view, x.view(24))
+    assert not out.requires_grad
+
+
+def test_inference_mode_untouched_without_tpu_tensors():
+    result = run_python("""
+import torch, torchtpu
+with torch.inference_mode():
+    t = torch.ones(3) * 2
+print("INFERENCE", t.is_inference(), torch.is_inference_mode_enabled())
+""")
+    assert "INFERENCE True False" in result.stdout, result.stdout + result.stderr

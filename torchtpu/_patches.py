@@ -155,6 +155,47 @@ def _patch_module_apply():
     torch.nn.Module._apply = _apply
 
 
+def _patch_inference_mode():
+    # PyTorch's C++ functionalization (which tpu tensors go through, as XLA's do) cannot take
+    # a view of a normal tensor under inference mode: the view's wrapper is created as an
+    # inference tensor and autograd's view tracking then fails with "Cannot set
+    # version_counter for inference tensor" (any Linear does a view: weight.t()). Once tpu
+    # tensors are in use, torch.inference_mode() runs as torch.no_grad(): same results, no
+    # autograd graph; tensors made inside are normal tensors. CPU-only processes are untouched.
+    import warnings
+
+    cls = torch.autograd.grad_mode.inference_mode
+    original_enter, original_exit = cls.__enter__, cls.__exit__
+    state = {"tpu_used": False, "warned": False}
+
+    def tpu_in_use() -> bool:
+        if not state["tpu_used"]:
+            c = _C.counters()
+            state["tpu_used"] = bool(c["ops_traced"] or c["bytes_to_device"] or _C.pending_ops())
+        return state["tpu_used"]
+
+    def __enter__(self):
+        if self.mode and tpu_in_use():
+            if not state["warned"]:
+                state["warned"] = True
+                warnings.warn("torchtpu: torch.inference_mode() runs as torch.no_grad() once tpu tensors are in "
+                              "use (PyTorch's functionalization cannot view normal tensors under inference mode); "
+                              "results are the same", stacklevel=2)
+            self._torchtpu_no_grad = torch.no_grad()
+            return self._torchtpu_no_grad.__enter__()
+        self._torchtpu_no_grad = None
+        return original_enter(self)
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        no_grad = getattr(self, "_torchtpu_no_grad", None)
+        if no_grad is not None:
+            self._torchtpu_no_grad = None
+            return no_grad.__exit__(exc_type, exc_value, traceback)
+        return original_exit(self, exc_type, exc_value, traceback)
+
+    cls.__enter__, cls.__exit__ = __enter__, __exit__
+
+
 _installed = False
 
 
@@ -167,3 +208,4 @@ def install():
     _patch_serialization()
     _patch_optimizers()
     _patch_module_apply()
+    _patch_inference_mode()
