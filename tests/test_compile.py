@@ -562,3 +562,16 @@ def test_mark_dynamic_inference_pads_to_buckets_and_slices_outputs(monkeypatch):
     assert graph.name == "inference"
     assert sorted(graph.variants) == [(8,), (32,)]
     assert graph.stats["captured"] == 1  # n=40: the exact graph
+
+
+def test_bucketing_never_uses_a_padded_size_as_a_value(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_BUCKETS", "pow2")
+
+    def f(x):
+        n = x.shape[1]
+        return x * torch.arange(n, 2 * n, device=x.device) + x.sum(1, keepdim=True) / n
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (5, 6, 3, 7):
+        x = torch.randn(2, n)
+        assert_close(compiled(x.to("tpu")), f(x), rtol=1e-5, atol=1e-5)

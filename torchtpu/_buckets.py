@@ -212,6 +212,11 @@ _SIZE_ARGS = _VIEWS | _FACTORIES | {aten.expand.default, aten.slice.Tensor, aten
                                     aten.new_empty_strided.default}
 
 
+# Factories whose listed arguments are values (start of a range, fill value), not sizes.
+_VALUE_FIRST_ARGS = {aten.arange.start: (0,), aten.arange.start_step: (0, 2), aten.full.default: (1,),
+                     aten.new_full.default: (2,), aten.full_like.default: (1,), aten.scalar_tensor.default: (0,)}
+
+
 class _Rewriter:
     def __init__(self, gm, buckets: dict, symbols: list, known_specs: dict):
         self.gm = gm
@@ -365,6 +370,10 @@ class _Rewriter:
             return  # SymInt arithmetic: computed at the bucket's sizes
         name = op.name()
         sym_args = [a for a in flat if isinstance(_val(a), (torch.SymInt, torch.SymFloat))]
+        if sym_args and op in _VALUE_FIRST_ARGS and any(
+                isinstance(_val(n.args[i]), (torch.SymInt, torch.SymFloat))
+                for i in _VALUE_FIRST_ARGS[op] if i < len(n.args) and isinstance(n.args[i], torch.fx.Node)):
+            raise NoBucket(f"{name} takes a size as a value")  # arange(T, 2T), full(.., T)
         if sym_args and op not in _SIZE_ARGS:
             self.size_as_value(n, op, name)
             op = n.target
