@@ -371,6 +371,49 @@ void lower_atan2(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.convert(ctx.binary("stablehlo.atan2", e.arg(node, 0), e.arg(node, 1)), out.dtype));
 }
 
+// logaddexp(a, b) = max + log1p(exp(-|a - b|)); logaddexp2 in base 2. Equal infinities
+// give that infinity (the difference would be NaN).
+void lower_logaddexp(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
+  V a = e.arg(node, 0), b = e.arg(node, 1);
+  V hi = e.max(a, b);
+  V d = e.un("stablehlo.negate", e.un("stablehlo.abs", e.sub(a, b)));
+  V r;
+  if (std::string(node.rule->data) == "2") {
+    const double ln2 = M_LN2;
+    V t = e.un("stablehlo.log_plus_one", e.un("stablehlo.exponential", e.mul(d, e.k(ln2))));
+    r = e.add(hi, e.div(t, e.k(ln2)));
+  } else {
+    r = e.add(hi, e.un("stablehlo.log_plus_one", e.un("stablehlo.exponential", d)));
+  }
+  V same_inf = e.band(e.cmp("EQ", a, b), e.cmp("EQ", e.un("stablehlo.abs", a), e.k(INFINITY)));
+  r = e.sel(same_inf, a, r);
+  ctx.set_result(ctx.convert(r, out.dtype));
+}
+
+// log_sigmoid_forward(self) -> (output, buffer): log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)).
+// The buffer is CPU's scratch for its backward; torchtpu's backward recomputes from x, so
+// it is filled with zeros of the type the meta kernel gives.
+void lower_log_sigmoid_forward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
+  V x = e.arg(node, 0);
+  V r = e.sub(e.min(x, e.k(0.0)),
+              e.un("stablehlo.log_plus_one", e.un("stablehlo.exponential",
+                                                  e.un("stablehlo.negate", e.un("stablehlo.abs", x)))));
+  const TensorType& buffer = node.outputs.at(1);
+  ctx.set_results({ctx.convert(r, out.dtype), ctx.constant(0.0, buffer.dtype, buffer.shape)});
+}
+
+// log_sigmoid_backward(grad_output, self, buffer) = grad * sigmoid(-x).
+void lower_log_sigmoid_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
+  V g = e.arg(node, 0), x = e.arg(node, 1);
+  ctx.set_result(ctx.convert(e.mul(g, e.un("stablehlo.logistic", e.un("stablehlo.negate", x))), out.dtype));
+}
+
 // remainder (Python sign: result has the divisor's sign) and fmod (C sign).
 void lower_remainder(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
@@ -571,6 +614,10 @@ LOWERING("aten::pow.Tensor_Tensor", lower_pow);
 LOWERING("aten::pow.Tensor_Scalar", lower_pow);
 LOWERING("aten::pow.Scalar", lower_pow);
 LOWERING("aten::atan2", lower_atan2);
+LOWERING("aten::logaddexp", lower_logaddexp, "e");
+LOWERING("aten::logaddexp2", lower_logaddexp, "2");
+LOWERING("aten::log_sigmoid_forward", lower_log_sigmoid_forward);
+LOWERING("aten::log_sigmoid_backward", lower_log_sigmoid_backward);
 LOWERING("aten::remainder.Tensor", lower_remainder, "remainder");
 LOWERING("aten::remainder.Scalar", lower_remainder, "remainder");
 LOWERING("aten::remainder.Scalar_Tensor", lower_remainder, "remainder");

@@ -65,7 +65,7 @@ UNARY = {
     "sigmoid": (torch.sigmoid, ANY), "logit": (torch.logit, (0.05, 0.95)),
     "logit_eps": (lambda x: torch.logit(x, eps=0.2), (0.05, 0.95)),
     "relu": (torch.relu, ANY), "gelu": (F.gelu, ANY), "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), ANY),
-    "silu": (F.silu, ANY), "softplus": (F.softplus, ANY),
+    "silu": (F.silu, ANY), "softplus": (F.softplus, ANY), "logsigmoid": (lambda x: F.logsigmoid(x * 8), ANY),
     "softplus_beta": (lambda x: F.softplus(x, beta=2.0, threshold=1.5), ANY),
     "mish": (F.mish, ANY), "hardtanh": (F.hardtanh, ANY),
     "hardtanh_args": (lambda x: F.hardtanh(x, -0.5, 0.7), ANY),
@@ -181,6 +181,7 @@ BINARY = {
         "clamp_tensor": (lambda a, b: a.clamp(b - 1, b + 1), ANY),
     "clamp_min_tensor": (lambda a, b: a.clamp(min=b), ANY), "clamp_max_tensor": (lambda a, b: a.clamp(max=b), ANY),
     "where": (lambda a, b: torch.where(a > 0, a, b), ANY),
+    "logaddexp": (lambda a, b: torch.logaddexp(a * 5, b), ANY), "logaddexp2": (torch.logaddexp2, ANY),
 }
 INT_BINARY = {"add", "sub", "sub_alpha", "rsub", "rsub_alpha", "mul", "div", "div_floor", "div_trunc",
               "maximum", "minimum", "fmax", "fmin", "max_other", "min_other", "remainder", "remainder_neg",
@@ -227,7 +228,7 @@ def test_binary_special_values(mode):
     a = SPECIAL.clone()
     b = SPECIAL.flip(0).clone()
     for fn in (torch.maximum, torch.minimum, torch.fmax, torch.fmin, torch.atan2, torch.remainder, torch.fmod,
-               torch.pow, torch.add, torch.mul, torch.div):
+               torch.pow, torch.add, torch.mul, torch.div, torch.logaddexp, torch.logaddexp2):
         check(fn, a, b)
 
 
