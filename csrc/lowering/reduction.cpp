@@ -199,13 +199,15 @@ void lower_any_all(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
 }
 
-// linalg_vector_norm(self, ord, dim?, keepdim, dtype?); ord is a compile-time constant.
+// linalg_vector_norm(self, ord, dim?, keepdim, dtype?) and the older norm overloads
+// (self, p?, [dim, keepdim,] [dtype]); ord/p is a compile-time constant (None: 2).
 void lower_vector_norm(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  double ord = node.args[1].as_double();
+  double ord = node.args[1].is_none() ? 2.0 : node.args[1].as_double();
   DType acc = acc_dtype(out.dtype);
   V x = ctx.convert(ctx.input(node, 0), acc);
-  std::vector<int64_t> dims = reduced_dims(node, 2, x.type.rank());
+  bool all = node.rule->data && std::string(node.rule->data) == "all";  // no dim argument
+  std::vector<int64_t> dims = all ? all_dims(x.type.rank()) : reduced_dims(node, 2, x.type.rank());
   V a = ctx.unary("stablehlo.abs", x);
   V r;
   if (std::isinf(ord)) {
@@ -287,6 +289,10 @@ LOWERING("aten::all", lower_any_all, "all");
 LOWERING("aten::all.dim", lower_any_all, "all");
 LOWERING("aten::all.dims", lower_any_all, "all");
 LOWERING("aten::linalg_vector_norm", lower_vector_norm, nullptr, /*static_scalars=*/true);
+LOWERING("aten::norm.Scalar", lower_vector_norm, "all", /*static_scalars=*/true);
+LOWERING("aten::norm.ScalarOpt_dtype", lower_vector_norm, "all", /*static_scalars=*/true);
+LOWERING("aten::norm.ScalarOpt_dim", lower_vector_norm, nullptr, /*static_scalars=*/true);
+LOWERING("aten::norm.ScalarOpt_dim_dtype", lower_vector_norm, nullptr, /*static_scalars=*/true);
 LOWERING("aten::cumsum", lower_cumulative, "sum");
 LOWERING("aten::cumprod", lower_cumulative, "prod");
 

@@ -19,6 +19,11 @@ REDUCE = {
     "norm0": lambda x: torch.linalg.vector_norm(x, 0), "norm3": lambda x: torch.linalg.vector_norm(x, 3, dim=1, keepdim=True),
     "norm": lambda x: x.norm(dim=1), "cumsum": lambda x: x.cumsum(1), "cumsum0": lambda x: x.cumsum(0),
     "cumprod": lambda x: x.cumprod(1),
+    "aten_norm": lambda x: torch.ops.aten.norm.Scalar(x, 3),
+    "aten_norm_dim": lambda x: torch.ops.aten.norm.ScalarOpt_dim(x, 1.5, [1], True),
+    "aten_norm_none": lambda x: torch.ops.aten.norm.ScalarOpt_dim(x, None, [0]),
+    "aten_norm_dtype": lambda x: torch.ops.aten.norm.ScalarOpt_dim_dtype(x, 2, [1], False, dtype=torch.float64),
+    "aten_norm_all_dtype": lambda x: torch.ops.aten.norm.ScalarOpt_dtype(x, float("inf"), dtype=torch.float64),
 }
 # Backward of these uses ops owned elsewhere (masked_fill, scatter, flip, gather, as_strided).
 ALLOW = {"aten::masked_fill_.Scalar", "aten::scatter.src_out", "aten::scatter.value_out", "aten::flip",
