@@ -438,12 +438,11 @@ class _Rewriter:
         if op is aten.expand.default:
             out_shape = self.shape(v)
             k = len(out_shape) - len(s0)
-            dims = []
+            dims, out_specs = [], None
             for i, size in enumerate(out_shape):
-                if i < k:
-                    dims.append(self.spec_from_exprs(v)[i])
-                elif s0[i - k] == _plain(1) and size != 1:
-                    dims.append(self.spec_from_exprs(v)[i])
+                if i < k or (s0[i - k] == _plain(1) and size != 1):  # a new or broadcast dimension
+                    out_specs = out_specs or self.spec_from_exprs(v)
+                    dims.append(out_specs[i])
                 else:
                     dims.append(s0[i - k])
             spec = tuple(dims)
@@ -628,7 +627,7 @@ def rewrite(gm, buckets: dict, symbols: list, known_specs: dict):
             raise NoBucket(f"bucket {buckets[sym]} of {sym} exceeds a sliced size {limit}")
     outputs = next(n for n in new.graph.nodes if n.op == "output").args[0]
     out_specs = [r.spec.get(o) if isinstance(o, torch.fx.Node) else None for o in outputs]
-    return new, r.placeholder_specs, out_specs, outputs
+    return new, r.placeholder_specs, out_specs
 
 
 # ---------------------------------------------------------------------------------------

@@ -195,12 +195,12 @@ class _BucketedGraph:
     """A graph with symbolic sizes: each call runs the graph rewritten for its sizes' bucket
     (torchtpu/_buckets.py), or the exact graph when the rewrite does not apply."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, saved_specs: dict, num_user_outputs):
+    def __init__(self, gm: torch.fx.GraphModule, name: str, symbols: list, saved_specs: dict, num_user_outputs):
         self.gm = gm
         self.name = name
         self.exact = _CompiledGraph(gm, name)
         self.stats = self.exact.stats
-        self.symbols = _buckets.graph_symbols(gm)
+        self.symbols = symbols
         self.saved_specs = saved_specs  # bucket key -> {forward output name: padding spec}
         self.num_user_outputs = num_user_outputs
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -232,7 +232,7 @@ class _BucketedGraph:
         if key not in self.variants:
             try:
                 names = [o.name if isinstance(o, torch.fx.Node) else None for o in self.outputs]
-                gm, specs, out_specs, _ = _buckets.rewrite(self.gm, buckets, self.symbols,
+                gm, specs, out_specs = _buckets.rewrite(self.gm, buckets, self.symbols,
                                                             self.saved_specs.get(key, {}))
                 if self.name == "forward":
                     self.saved_specs[key] = {nm: sp for nm, sp in zip(names, out_specs) if nm and sp is not None}
@@ -287,20 +287,17 @@ class _BucketedGraph:
         return out
 
 
-def _has_symbolic_inputs(gm) -> bool:
-    return bool(_buckets.graph_symbols(gm))
-
-
 def _make_compiler(name: str, saved_specs: dict):
     def compile_fx(gm: torch.fx.GraphModule, example_inputs):
         global fx_graphs_compiled
-        if _has_symbolic_inputs(gm):
+        symbols = _buckets.graph_symbols(gm)
+        if symbols:
             users = None
             if name == "forward":
                 ctx = torch._guards.TracingContext.try_get()
                 meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
                 users = getattr(meta, "num_forward", None)
-            compiled = _BucketedGraph(gm, name, saved_specs, users)
+            compiled = _BucketedGraph(gm, name, symbols, saved_specs, users)
         else:
             compiled = _CompiledGraph(gm, name)
         fx_graphs_compiled += 1
