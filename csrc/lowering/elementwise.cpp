@@ -15,17 +15,21 @@ void lower_binary(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.binary(node.rule->data, a, b));
 }
 
+// x * alpha, where alpha is the optional Scalar argument 2 of add/sub/rsub (skipped when it
+// is a constant 1).
+V times_alpha(LoweringContext& ctx, const Node& node, const V& x, const TensorType& out) {
+  if (node.args.size() <= 2 || node.args[2].is_none()) return x;
+  const Arg& alpha = node.args[2];
+  if (!alpha.lifted && alpha.as_double() == 1.0) return x;
+  return ctx.binary("stablehlo.multiply", x, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
+}
+
 // add/sub with alpha: self op alpha * other.
 void lower_add_sub(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
-  if (node.args.size() > 2 && !node.args[2].is_none()) {
-    const Arg& alpha = node.args[2];
-    bool is_one = !alpha.lifted && alpha.as_double() == 1.0;
-    if (!is_one) b = ctx.binary("stablehlo.multiply", b, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
-  }
-  ctx.set_result(ctx.binary(node.rule->data, a, b));
+  ctx.set_result(ctx.binary(node.rule->data, a, times_alpha(ctx, node, b, out)));
 }
 
 // rsub(self, other, alpha): other - alpha * self.
@@ -33,12 +37,7 @@ void lower_rsub(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
-  if (node.args.size() > 2 && !node.args[2].is_none()) {
-    const Arg& alpha = node.args[2];
-    bool is_one = !alpha.lifted && alpha.as_double() == 1.0;
-    if (!is_one) a = ctx.binary("stablehlo.multiply", a, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
-  }
-  ctx.set_result(ctx.binary("stablehlo.subtract", b, a));
+  ctx.set_result(ctx.binary("stablehlo.subtract", b, times_alpha(ctx, node, a, out)));
 }
 
 // div with rounding_mode (None, "trunc", "floor").
