@@ -172,7 +172,8 @@ def test_reductions_over_a_padded_dimension_see_their_identity():
     (x,) = seeded((3, 5, 4))
     x = x - 2  # all negative: a zero in the padding would win amax
     check_padded(lambda x: (x.sum(1), x.mean(1), x.amax(1), x.amin(1), torch.logsumexp(x, 1),
-                            x.max(1).values, x.argmax(1), x.prod(1), torch.amax(x)), [x], [{1}])
+                            x.max(1).values, x.argmax(1), x.prod(1), torch.amax(x), x.sum(dim=[]),
+                            torch.amax(x, dim=[])), [x], [{1}])
 
 
 def test_softmax_over_a_padded_dimension_gives_the_padding_nothing():
