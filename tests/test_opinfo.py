@@ -2,19 +2,28 @@
 on tpu against CPU (tools/op_coverage.py; ops run in worker subprocesses, so a crashing op
 is reported instead of killing pytest).
 
-The floors only go up: when lowerings land, raise them to the new measured numbers
-(`PYTHONPATH=. .venv/bin/python tools/op_coverage.py --samples 2 --no-md` prints
-them as forward_passing, forward_passing_no_fallback and backward_passing).
+Samples are seeded and tolerances are PyTorch's own per op (see tools/op_coverage.py), so a
+run is repeatable on one machine; another machine of the same kind can still round a few
+ops differently (XLA's CPU code follows the host's vector units: addbmm once differed by
+1.5e-5 there). The floors therefore sit MARGIN below the measured counts. They only go up:
+when lowerings land, set them to the new measured numbers minus MARGIN
+(`PYTHONPATH=. .venv/bin/python tools/op_coverage.py --samples 2 --no-md` prints them as
+forward_passing, forward_passing_no_fallback and backward_passing, and the near misses).
 """
 import importlib.util
 import os
 
 import pytest
 
-# Measured with SAMPLES samples/op, forward and backward, fused mode (3m17s on 2 shared cores).
-FLOOR_FORWARD = 633         # OpInfo ops whose forward matches CPU (with or without fallback)
-FLOOR_NO_FALLBACK = 448     # ... of which nothing fell back to CPU
-FLOOR_BACKWARD = 500        # OpInfo ops whose gradients match CPU (with or without fallback)
+# Measured twice with SAMPLES samples/op, forward and backward, fused mode, seeded samples,
+# PyTorch's per-op tolerances (about 7 min on 2 shared cores): 633 forward, 448 of them
+# without fallback, 501 backward, the same counts both times. MARGIN: one measured near miss
+# (baddbmm at 0.61 of its tolerance), plus two for ops another machine's rounding flips
+# although they pass here with room (addbmm did: 1.5e-5 on an element below 4 in size).
+MARGIN = 3
+FLOOR_FORWARD = 633 - MARGIN      # OpInfo ops whose forward matches CPU (with or without fallback)
+FLOOR_NO_FALLBACK = 448 - MARGIN  # ... of which nothing fell back to CPU
+FLOOR_BACKWARD = 501 - MARGIN     # OpInfo ops whose gradients match CPU (with or without fallback)
 SAMPLES = 2
 TIMEOUT_S = 60.0
 
@@ -37,7 +46,8 @@ def coverage():
     s = data["summary"]
     print(f"\nopinfo: {s['ops_total']} ops, forward_passing={s['forward_passing']}, "
           f"forward_passing_no_fallback={s['forward_passing_no_fallback']}, fail={s['forward']['fail']}, "
-          f"backward_passing={s['backward_passing']}, crashes={s['crashes']}, timeouts={s['timeouts']}, {data['meta']['runtime_s']}s")
+          f"backward_passing={s['backward_passing']}, crashes={s['crashes']}, timeouts={s['timeouts']}, "
+          f"near misses fwd={s['near_misses_fwd']} bwd={s['near_misses_bwd']}, {data['meta']['runtime_s']}s")
     return data
 
 
@@ -71,3 +81,55 @@ def test_opinfo_backward_floor(coverage):
     assert s["backward_passing"] >= FLOOR_BACKWARD, (
         f"{s['backward_passing']} OpInfo ops pass backward, floor is {FLOOR_BACKWARD}; "
         f"failing: {sorted(k for k, r in coverage['ops'].items() if r['bwd'] == 'fail')}")
+
+
+# ---------------------------------------------------------------------------------------
+# The harness itself (in this process; no tpu op runs).
+
+
+@pytest.fixture(scope="module")
+def op_db_by_name():
+    harness = _load_harness()
+    harness._stub_expecttest()
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return harness, {harness.op_key(op): op for op in op_db}
+
+
+def test_opinfo_samples_do_not_depend_on_what_ran_before(op_db_by_name):
+    import random
+
+    import numpy as np
+    import torch
+
+    harness, ops = op_db_by_name
+    op = ops["nn.functional.huber_loss"]  # its samples draw `delta` from Python's random
+    first = harness.seeded_samples(op, torch.float32, False, 2)
+    random.random(), np.random.rand(), torch.rand(3)  # what an earlier op would leave behind
+    again = harness.seeded_samples(op, torch.float32, False, 2)
+    for a, b in zip(first, again):
+        assert a.kwargs == b.kwargs and torch.equal(a.input, b.input) and torch.equal(a.args[0], b.args[0])
+
+
+def test_opinfo_tolerances_are_pytorchs_own(op_db_by_name):
+    import torch
+
+    harness, ops = op_db_by_name
+    # addbmm: TestCommon's test_numpy_refs (1.3e-5, 1.3e-5) and test_out (1.5e-5, 1e-5); not
+    # MPS's test_numpy_ref_mps (1.3e-4).
+    atol, rtol, where = harness.tolerance(ops["addbmm"], torch.float32)
+    assert (atol, rtol) == (1.5e-5, 1.3e-5) and "test_out" in where and "mps" not in where
+    # matmul: its ROCm-only overrides are inactive here.
+    assert harness.tolerance(ops["matmul"], torch.float32)[:2] == (1e-5, 1e-5)
+    assert harness.tolerance(ops["baddbmm"], torch.float32) == (0.0, 0.0, "")  # complex64 only
+    assert harness.tolerance(ops["sum"], torch.float32) == (0.0, 0.0, "")
+
+
+def test_closeness():
+    import torch
+
+    harness = _load_harness()
+    e = torch.tensor([1.0, -2.0, float("nan"), float("inf")], dtype=torch.float64)
+    assert harness.closeness(e.clone(), e, 1e-5, 1e-5) == 0.0
+    a = e + torch.tensor([1e-5, 0.0, 0.0, 0.0], dtype=torch.float64)
+    assert abs(harness.closeness(a, e, 1e-5, 1e-5) - 1e-5 / (1e-5 + 1e-5)) < 1e-6

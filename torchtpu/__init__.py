@@ -50,9 +50,12 @@ def _initialize():
     if os.environ.get("TORCHTPU_MAX_PENDING_OPS"):
         _C.set_max_pending_ops(int(os.environ["TORCHTPU_MAX_PENDING_OPS"]))
     _C.set_mode(os.environ.get("TORCHTPU_MODE", "fused").strip().lower() or "fused")
+    from torchtpu import _patches
 
-    # Only now, with the runtime up, does PyTorch learn the device name: a failed start
-    # leaves torch exactly as it was.
+    _patches.install()  # a torch it cannot patch raises PatchError, leaving torch as it was
+
+    # Only now, with the runtime up and torch patched, does PyTorch learn the device name:
+    # a failed start leaves torch exactly as it was.
     if torch._C._get_privateuse1_backend_name() != "tpu":
         torch.utils.rename_privateuse1_backend("tpu")
 
@@ -63,10 +66,8 @@ def _initialize():
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
     )
-    from torchtpu import _patches
-
-    _patches.install()
-    __import__("torchtpu.compiler", fromlist=["_"]).install_dynamo_hook()  # torch.compile(backend="tpu")
+    # torch.compile(backend="tpu") finds torchtpu.compiler through the torch_dynamo_backends
+    # entry point (pyproject.toml): nothing to register here, and Dynamo stays unimported.
 
 
 def _present_platforms():

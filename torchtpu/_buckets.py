@@ -1,4 +1,4 @@
-"""Shape buckets for dynamic graphs of torch.compile(backend="tpu").
+"""Shape buckets: a graph with symbolic sizes runs padded to a bucket of its sizes.
 
 A graph Dynamo traced with symbolic sizes (`dynamic=True`, `torch._dynamo.mark_dynamic`, or
 Dynamo's automatic dynamic shapes after a second input shape) would need one XLA executable
@@ -24,19 +24,40 @@ backward stay padded (the backward graph is rewritten for the same bucket and ge
 real sizes from them). Inputs are padded on the host (they are usually fresh uploads), so
 nothing is compiled per real size.
 
+The public API (all that compiler.py uses; fused eager mode can use the same, issue 16):
+
+    policy(), bucket_of(n, policy)       the bucket a size runs at (TORCHTPU_BUCKETS)
+    DynamicGraph(gm)                     an FX graph with symbolic sizes
+        .symbols                         its size symbols, sorted
+        .sizes(args)                     a call's real and bucket sizes (None: run exact)
+        .rewrite(sizes, known_specs)     -> Padded, or raises NoBucket
+    Padded                               the graph rewritten for one bucket
+        .gm, .output_specs_by_name       the latter: known_specs of the backward's rewrite
+        .prepare(args, sizes)            the arguments of .gm: padded inputs, real lengths
+        .finish(outputs, sizes, users)   outputs sliced back; the rest stay padded
+    carries_sizes(args)                  whether a padded tensor is among args
+    NoBucket                             the graph cannot run padded
+
+Rewrite rules live in a table filled by `@rule("aten::op", ...)`, one small function per
+aten op or op family, as the C++ lowerings do (`LOWERING("aten::op", fn)`).
+
 TORCHTPU_BUCKETS: "pow2" (default), "off", or increasing sizes "64,128,256" (a size above
 the largest one runs unbucketed).
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import operator
 import os
+from typing import Callable
 
 import torch
 
 aten = torch.ops.aten
 
-_REAL_ATTR = "_torchtpu_real_sizes"
+_REAL_ATTR = "_torchtpu_real_sizes"  # on padded tensors kept for a later graph
+_INF = float("inf")
 
 
 class NoBucket(Exception):
@@ -48,6 +69,7 @@ class NoBucket(Exception):
 
 
 def policy():
+    """TORCHTPU_BUCKETS as None (off), "pow2" or a sorted list of sizes."""
     spec = os.environ.get("TORCHTPU_BUCKETS", "pow2").strip().lower()
     if spec in ("off", "0", "none", ""):
         return None
@@ -63,6 +85,7 @@ def policy():
 
 
 def bucket_of(n: int, pol) -> int:
+    """The size n runs at: the next power of two, the next listed size, or n itself."""
     if n <= 1 or pol is None:
         return n
     if pol == "pow2":
@@ -96,6 +119,7 @@ def _val(node):
 
 
 def graph_symbols(gm) -> list[str]:
+    """The size symbols of gm's inputs, sorted (empty for a static graph)."""
     names = set()
     for node in gm.graph.nodes:
         if node.op != "placeholder":
@@ -128,6 +152,14 @@ def _any_padded(spec) -> bool:
     if isinstance(spec, list):  # a multi-output op's specs
         return any(_any_padded(s) for s in spec)
     return spec is not None and any(_padded(d) for d in spec)
+
+
+def _dim_size(dim, values=None) -> int:
+    """A dimension's size: at the bucket's sizes, or at the real ones given `values`."""
+    size = 1
+    for factor, sym in dim:
+        size *= values[sym] if values is not None and sym else factor
+    return size
 
 
 def _regroup(spec, out_shape):
@@ -163,6 +195,7 @@ def _regroup(spec, out_shape):
 
 
 def _broadcast(specs, out_shape):
+    """The spec of an elementwise result of tensors with `specs` (None: not a tensor)."""
     out = []
     n = len(out_shape)
     for k in range(n):
@@ -182,42 +215,91 @@ def _broadcast(specs, out_shape):
     return tuple(out)
 
 
+def _reduce_fill(fill, dtype):
+    """The identity `fill` of a reduction (0, 1, +-inf) as a value of `dtype`."""
+    if dtype == torch.bool:
+        return bool(fill)
+    if not dtype.is_floating_point and fill in (_INF, -_INF):
+        info = torch.iinfo(dtype)
+        return info.max if fill > 0 else info.min
+    return fill
+
+
 # ---------------------------------------------------------------------------------------
-# The rewrite.
+# The rule table.
 
-_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default}
-_SAME = {aten.alias.default, aten.clone.default, aten.detach.default, aten.lift_fresh_copy.default,
-         aten._to_copy.default, aten.contiguous.default}
-_POSITIONAL = {aten.tril.default, aten.triu.default}
-_FACTORIES = {aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
-              aten.arange.default, aten.arange.start, aten.arange.start_step, aten.new_zeros.default,
-              aten.new_ones.default, aten.new_full.default, aten.new_empty.default, aten.scalar_tensor.default,
-              aten.empty_strided.default, aten.full_like.default, aten.zeros_like.default,
-              aten.ones_like.default, aten.empty_like.default}
-_REDUCE_FILL = {  # reductions over a padded dimension: what the padding must hold first
-    aten.sum.dim_IntList: 0.0, aten.sum.default: 0.0, aten.any.dim: 0.0, aten.any.default: 0.0,
-    aten.amax.default: float("-inf"), aten.max.dim: float("-inf"), aten.argmax.default: float("-inf"),
-    aten.logsumexp.default: float("-inf"), aten.amin.default: float("inf"), aten.min.dim: float("inf"),
-    aten.argmin.default: float("inf"), aten.all.dim: 1.0, aten.prod.dim_int: 1.0,
-}
-_SOFTMAX = {aten._softmax.default, aten._log_softmax.default, aten._safe_softmax.default,
-            aten.softmax.int, aten.log_softmax.int}
-_SOFTMAX_BACKWARD = {aten._softmax_backward_data.default, aten._log_softmax_backward_data.default}
+Rule = Callable[["_Rewrite", torch.fx.Node, object], object]
+_RULES: dict[str, Rule] = {}
+
+
+def _op_from_name(name: str):
+    """The OpOverload for "aten::op" (default overload) or "aten::op.overload"."""
+    namespace, _, rest = name.partition("::")
+    packet_name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), packet_name)
+    return getattr(packet, overload or "default")
+
+
+def rule(*names: str):
+    """Registers a rewrite rule for the aten ops named like the C++ LOWERING table:
+    "aten::view" (the default overload) or "aten::sum.dim_IntList".
+
+    A rule gets the rewrite (its helpers), the node and the node's value (meta "val"), and
+    returns the node's padding spec (a list of them for an op with several outputs). It may
+    edit the graph around the node (fill its inputs' padding, re-zero its output) and raises
+    NoBucket when the op cannot run padded."""
+
+    def register(fn: Rule) -> Rule:
+        for name in names:
+            try:
+                _op_from_name(name)
+            except AttributeError:  # a misspelt name, or an op this torch no longer has
+                raise ValueError(f"torchtpu bucket rule {fn.__name__}: no aten op {name!r} in torch "
+                                 f"{torch.__version__}") from None
+            if name in _RULES:
+                raise ValueError(f"two bucket rules for {name}: {_RULES[name].__name__} and {fn.__name__}")
+            _RULES[name] = fn
+        return fn
+
+    return register
+
+
+def rule_for(op) -> Rule | None:
+    """The rule of an OpOverload: registered by name, else the elementwise rule for ops
+    PyTorch tags pointwise, else None (the op cannot run padded)."""
+    found = _RULES.get(op.name())
+    if found is None and torch.Tag.pointwise in op.tags:
+        found = _elementwise
+    return found
+
+
 # Ops whose SymInt arguments are sizes (computed at the bucket's sizes), never values.
-_SIZE_ARGS = _VIEWS | _FACTORIES | {aten.expand.default, aten.slice.Tensor, aten.narrow.default,
-                                    aten.split_with_sizes.default, aten.split.Tensor,
-                                    aten.embedding_dense_backward.default, aten.sym_size.int,
-                                    aten.sym_numel.default, aten.sym_stride.int, aten.as_strided.default,
-                                    aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
-                                    aten.new_empty_strided.default}
-
-
+_FACTORIES = ("aten::full", "aten::zeros", "aten::ones", "aten::empty.memory_format", "aten::arange",
+              "aten::arange.start", "aten::arange.start_step", "aten::new_zeros", "aten::new_ones",
+              "aten::new_full", "aten::new_empty", "aten::scalar_tensor", "aten::empty_strided",
+              "aten::full_like", "aten::zeros_like", "aten::ones_like", "aten::empty_like")
+_VIEWS = ("aten::view", "aten::_unsafe_view", "aten::reshape", "aten::view_copy")
+_SIZE_ARGS = {_op_from_name(name) for name in _VIEWS + _FACTORIES + (
+    "aten::expand", "aten::slice.Tensor", "aten::narrow", "aten::split_with_sizes", "aten::split.Tensor",
+    "aten::embedding_dense_backward", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
+    "aten::as_strided", "aten::native_layer_norm", "aten::native_layer_norm_backward",
+    "aten::new_empty_strided")}
 # Factories whose listed arguments are values (start of a range, fill value), not sizes.
-_VALUE_FIRST_ARGS = {aten.arange.start: (0,), aten.arange.start_step: (0, 2), aten.full.default: (1,),
-                     aten.new_full.default: (2,), aten.full_like.default: (1,), aten.scalar_tensor.default: (0,)}
+_VALUE_FIRST_ARGS = {_op_from_name(name): args for name, args in (
+    ("aten::arange.start", (0,)), ("aten::arange.start_step", (0, 2)), ("aten::full", (1,)),
+    ("aten::new_full", (2,)), ("aten::full_like", (1,)), ("aten::scalar_tensor", (0,)))}
+# Arithmetic that may take a size as a value (x * s0, grad / s0): it gets the real size.
+_SIZE_AS_VALUE_OPS = (aten.add, aten.sub, aten.mul, aten.div, aten.true_divide, aten.rsub)
 
 
-class _Rewriter:
+# ---------------------------------------------------------------------------------------
+# The rewrite of one graph for one bucket.
+
+
+class _Rewrite:
+    """Walks an FX graph once, giving each tensor a padding spec through the rule table and
+    inserting masks and fills; the helpers below are what rules use."""
+
     def __init__(self, gm, buckets: dict, symbols: list, known_specs: dict):
         self.gm = gm
         self.graph = gm.graph
@@ -235,9 +317,11 @@ class _Rewriter:
 
     # --- shapes -------------------------------------------------------------------------
     def shape(self, v):
+        """A (symbolic) value's shape at the bucket's sizes."""
         return tuple(_eval(_expr(s), self.buckets) for s in v.shape)
 
     def spec_from_exprs(self, v):
+        """The spec of a fresh tensor: each dimension that is a plain symbol is padded."""
         dims = []
         for s in v.shape:
             e = _expr(s)
@@ -249,36 +333,38 @@ class _Rewriter:
                 raise NoBucket(f"a dimension of size {e} (only plain symbols are padded)")
         return tuple(dims)
 
+    def arg_spec(self, a):
+        return self.spec.get(a) if isinstance(a, torch.fx.Node) else None
+
     # --- masks --------------------------------------------------------------------------
-    def _call(self, op, *args, **kwargs):
+    def call(self, op, *args, **kwargs):
         return self.graph.call_function(op, args, kwargs)
 
     def real(self, sym):
+        """A 0-d int64 node: the real value of a size symbol."""
         if sym not in self.real_nodes:
-            self.real_nodes[sym] = self._call(aten.select.int, self.lens, 0, self.symbols.index(sym))
+            self.real_nodes[sym] = self.call(aten.select.int, self.lens, 0, self.symbols.index(sym))
         return self.real_nodes[sym]
 
     def dim_mask(self, dim, ndim, pos):
         key = (dim, ndim, pos)
         if key in self.dim_masks:
             return self.dim_masks[key]
-        size = 1
-        for f, _ in dim:
-            size *= f
-        idx = self._call(aten.arange.default, size, dtype=torch.int64, device=self.device)
+        size = _dim_size(dim)
+        idx = self.call(aten.arange.default, size, dtype=torch.int64, device=self.device)
         valid, inner = None, 1
         for k in range(len(dim) - 1, -1, -1):
             fsize, sym = dim[k]
             if sym:
-                f = idx if inner == 1 else self._call(aten.div.Tensor_mode, idx, inner, rounding_mode="floor")
+                f = idx if inner == 1 else self.call(aten.div.Tensor_mode, idx, inner, rounding_mode="floor")
                 if k > 0:
-                    f = self._call(aten.remainder.Scalar, f, fsize)
-                c = self._call(aten.lt.Tensor, f, self.real(sym))
-                valid = c if valid is None else self._call(aten.logical_and.default, valid, c)
+                    f = self.call(aten.remainder.Scalar, f, fsize)
+                c = self.call(aten.lt.Tensor, f, self.real(sym))
+                valid = c if valid is None else self.call(aten.logical_and.default, valid, c)
             inner *= fsize
         shape = [1] * ndim
         shape[pos] = size
-        out = self._call(aten.view.default, valid, shape)
+        out = self.call(aten.view.default, valid, shape)
         self.dim_masks[key] = out
         return out
 
@@ -290,7 +376,7 @@ class _Rewriter:
         for pos, dim in enumerate(spec):
             if _padded(dim):
                 d = self.dim_mask(dim, len(spec), pos)
-                m = d if m is None else self._call(aten.logical_and.default, m, d)
+                m = d if m is None else self.call(aten.logical_and.default, m, d)
         self.masks[spec] = m
         return m
 
@@ -298,8 +384,40 @@ class _Rewriter:
         m = self.mask(spec)
         if m is None:
             return x
-        v = self._call(aten.scalar_tensor.default, value, dtype=dtype, device=self.device)
-        return self._call(aten.where.self, m, x, v)
+        v = self.call(aten.scalar_tensor.default, value, dtype=dtype, device=self.device)
+        return self.call(aten.where.self, m, x, v)
+
+    # --- edits rules make ---------------------------------------------------------------
+    def rezero(self, n, spec, dtype):
+        """Makes the padding of n's value zero again; later users read the fixed value."""
+        if not _any_padded(spec):
+            return n
+        with self.graph.inserting_before(n.next):
+            zeroed = self.fill(n, spec, False if dtype == torch.bool else 0, dtype)
+        n.replace_all_uses_with(zeroed, delete_user_cb=lambda u: u is not zeroed)
+        zeroed.meta["val"] = n.meta.get("val")  # same type and (symbolic) shape
+        self.spec[zeroed] = spec
+        return zeroed
+
+    def rezero_outputs(self, n, specs, v):
+        """rezero for each output of a multi-output op (its getitem users)."""
+        for u in [u for u in n.users if u.target is operator.getitem]:
+            i = u.args[1]
+            if specs[i] is not None and isinstance(v[i], torch.Tensor):
+                self.spec[u] = specs[i]
+                self.rezero(u, specs[i], v[i].dtype)
+
+    def fill_arg(self, n, index, value):
+        """Sets the padding of n's argument `index` to `value` (for n only)."""
+        x = n.args[index]
+        with self.graph.inserting_before(n):
+            filled = self.fill(x, self.spec[x], value, _val(x).dtype)
+        self.replace_arg(n, index, filled)
+
+    def replace_arg(self, n, index, new):
+        args = list(n.args)
+        args[index] = new
+        n.args = tuple(args)
 
     # --- the pass -----------------------------------------------------------------------
     def run(self):
@@ -328,36 +446,12 @@ class _Rewriter:
         self.graph.lint()
         return torch.fx.GraphModule(self.gm, self.graph)
 
-    def arg_spec(self, a):
-        return self.spec.get(a) if isinstance(a, torch.fx.Node) else None
-
-    def rezero(self, n, spec, dtype):
-        """Makes the padding of n's value zero again; later users read the fixed value."""
-        if not _any_padded(spec):
-            return n
-        with self.graph.inserting_before(n.next):
-            zeroed = self.fill(n, spec, False if dtype == torch.bool else 0, dtype)
-        n.replace_all_uses_with(zeroed, delete_user_cb=lambda u: u is not zeroed)
-        zeroed.meta["val"] = n.meta.get("val")  # same type and (symbolic) shape
-        self.spec[zeroed] = spec
-        return zeroed
-
-    def fill_before(self, n, x, spec, value, dtype):
-        with self.graph.inserting_before(n):
-            return self.fill(x, spec, value, dtype)
-
-    def replace_arg(self, n, index, new):
-        args = list(n.args)
-        args[index] = new
-        n.args = tuple(args)
-
     def visit(self, n):
         op = n.target
         v = _val(n)
         flat = [a for a in n.args if isinstance(a, torch.fx.Node)] + [
             x for a in n.args if isinstance(a, (list, tuple)) for x in a if isinstance(x, torch.fx.Node)]
-        tensor_specs = [self.spec[a] for a in flat if a in self.spec]
-        padded_in = any(_any_padded(s) for s in tensor_specs)
+        padded_in = any(_any_padded(self.spec[a]) for a in flat if a in self.spec)
 
         if op is operator.getitem:
             parent = self.spec.get(n.args[0])
@@ -385,12 +479,15 @@ class _Rewriter:
             return
         if not isinstance(v, (list, tuple)) and not isinstance(v, torch.Tensor):
             raise NoBucket(f"{name} returns a non-tensor from a padded tensor")
-        self.spec[n] = self.rule(n, op, name, v)
+        found = rule_for(op)
+        if found is None:
+            raise NoBucket(f"{name} on a padded tensor")
+        self.spec[n] = found(self, n, v)
 
     def size_as_value(self, n, op, name):
         """x * s0, grad / s0 (mean's backward): the real size, as a tensor, not the bucket's."""
         packet = op.overloadpacket
-        if packet not in (aten.add, aten.sub, aten.mul, aten.div, aten.true_divide, aten.rsub) or \
+        if packet not in _SIZE_AS_VALUE_OPS or \
                 len(n.args) < 2 or not isinstance(_val(n.args[1]), torch.SymInt) or \
                 isinstance(_val(n.args[0]), (torch.SymInt, torch.SymFloat)) or not hasattr(packet, "Tensor"):
             raise NoBucket(f"{name} takes a size as a value")
@@ -402,7 +499,7 @@ class _Rewriter:
     def sym_tensor(self, expr):
         """A 0-d int64 tensor holding the value of a size expression at the real sizes."""
         if expr.is_Integer:
-            return self._call(aten.scalar_tensor.default, int(expr), dtype=torch.int64, device=self.device)
+            return self.call(aten.scalar_tensor.default, int(expr), dtype=torch.int64, device=self.device)
         if expr.is_Symbol:
             return self.real(expr.name)
         if expr.is_Add or expr.is_Mul:
@@ -410,224 +507,347 @@ class _Rewriter:
             terms = [self.sym_tensor(t) for t in expr.args]
             out = terms[0]
             for t in terms[1:]:
-                out = self._call(op, out, t)
+                out = self.call(op, out, t)
             return out
         raise NoBucket(f"a size expression {expr} used as a value")
 
-    def rule(self, n, op, name, v):
-        a = n.args
-        s0 = self.arg_spec(a[0]) if a else None
-        packet = op.overloadpacket
 
-        if op in _VIEWS:
-            return _regroup(s0, self.shape(v))
-        if packet in (aten.permute,):
-            return tuple(s0[d] for d in a[1])
-        if packet in (aten.transpose,):
-            d0, d1 = a[1] % len(s0), a[2] % len(s0)
-            out = list(s0)
-            out[d0], out[d1] = out[d1], out[d0]
-            return tuple(out)
-        if packet in (aten.t,):
-            return tuple(reversed(s0))
-        if packet in (aten.unsqueeze,):
-            d = a[1] % (len(s0) + 1)
-            return s0[:d] + (_plain(1),) + s0[d:]
-        if packet in (aten.squeeze,):
-            return _regroup(s0, self.shape(v))
-        if op is aten.expand.default:
-            out_shape = self.shape(v)
-            k = len(out_shape) - len(s0)
-            dims, out_specs = [], None
-            for i, size in enumerate(out_shape):
-                if i < k or (s0[i - k] == _plain(1) and size != 1):  # a new or broadcast dimension
-                    out_specs = out_specs or self.spec_from_exprs(v)
-                    dims.append(out_specs[i])
-                else:
-                    dims.append(s0[i - k])
-            spec = tuple(dims)
-            if any(_padded(d) and (i < k or s0[i - k] == _plain(1)) for i, d in enumerate(spec)):
-                self.rezero(n, spec, v.dtype)  # copies of real data landed in the padding
-            return spec
-        if op in _SAME or packet in (aten.clone,):
-            return s0
-        if op in (aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int, aten.chunk.default):
-            d = (a[2] if len(a) > 2 else n.kwargs.get("dim", 0)) % len(s0)
-            if _padded(s0[d]):
-                raise NoBucket(f"{name} splits a padded dimension")
-            return [s0[:d] + (_plain(self.shape(o)[d]),) + s0[d + 1:] if op is not aten.unbind.int else s0[:d] + s0[d + 1:]
-                    for o in v]
-        if op is aten.slice.Tensor:
-            d = (a[1] if len(a) > 1 else 0) % len(s0)
-            out_shape = self.shape(v)
-            in_shape = self.shape(_val(a[0]))
-            if _padded(s0[d]):
-                if out_shape[d] == in_shape[d]:
-                    return s0
-                raise NoBucket("a slice of a padded dimension")
-            spec = self.spec_from_exprs(v)
-            if _padded(spec[d]):
-                sym = spec[d][0][1]
-                self.limits.append((sym, in_shape[d]))
-                spec = s0[:d] + (spec[d],) + s0[d + 1:]
-                self.rezero(n, spec, v.dtype)
-                return spec
-            return s0[:d] + (_plain(out_shape[d]),) + s0[d + 1:]
-        if op is aten.select.int:
-            d = a[1] % len(s0)
-            if _padded(s0[d]):
-                raise NoBucket("a select on a padded dimension")
-            return s0[:d] + s0[d + 1:]
-        if op is aten.cat.default:
-            specs = [self.spec[t] for t in a[0]]
-            d = (a[1] if len(a) > 1 else 0) % len(specs[0])
-            if any(_padded(s[d]) for s in specs):
-                raise NoBucket("a cat along a padded dimension")
-            out_shape = self.shape(v)
-            rest = _broadcast([s[:d] + (_plain(1),) + s[d + 1:] for s in specs], out_shape[:d] + (1,) + out_shape[d + 1:])
-            return rest[:d] + (_plain(out_shape[d]),) + rest[d + 1:]
-        if op in _FACTORIES:
-            spec = self.spec_from_exprs(v)
-            self.rezero(n, spec, v.dtype)
-            return spec
-        if torch.Tag.pointwise in op.tags or op in _POSITIONAL:
-            spec = _broadcast([self.arg_spec(x) for x in a], self.shape(v))
-            self.rezero(n, spec, v.dtype)
-            return spec
-        if op in _SOFTMAX:
-            d = a[1] % len(s0)
-            if _padded(s0[d]):
-                self.replace_arg(n, 0, self.fill_before(n, a[0], s0, float("-inf"), _val(a[0]).dtype))
-            self.rezero(n, s0, v.dtype)
-            return s0
-        if op in _SOFTMAX_BACKWARD:
-            self.rezero(n, s0, v.dtype)
-            return s0
-        if op in _REDUCE_FILL or op in (aten.mean.dim, aten.mean.default):
-            return self.reduction(n, op, name, v, s0)
-        if op in (aten.mm.default, aten.bmm.default):
-            s1 = self.arg_spec(a[1])
-            if op is aten.mm.default:
-                return (s0[0], s1[1])
-            return (_broadcast([s0[:1], s1[:1]], self.shape(v)[:1])[0], s0[1], s1[2])
-        if op in (aten.addmm.default, aten.baddbmm.default):
-            s1, s2 = self.arg_spec(a[1]), self.arg_spec(a[2])
-            shape = self.shape(v)
-            prod = (s1[0], s2[1]) if op is aten.addmm.default else (s1[0], s1[1], s2[2])
-            spec = _broadcast([s0, prod], shape)
-            self.rezero(n, spec, v.dtype)
-            return spec
-        if op is aten.native_layer_norm.default:
-            k = len(a[1])
-            if any(_padded(d) for d in s0[-k:]):
-                raise NoBucket("a layer norm over a padded dimension")
-            stat = s0[:-k] + (_plain(1),) * k
-            self._rezero_outputs(n, [s0, stat, stat], v)
-            return [s0, stat, stat]
-        if op is aten.native_layer_norm_backward.default:
-            specs = [self.arg_spec(a[1]), _unpadded_spec(self.shape(v[1])) if v[1] is not None else None,
-                     _unpadded_spec(self.shape(v[2])) if v[2] is not None else None]
-            self._rezero_outputs(n, specs, v)
-            return specs
-        if op is aten.embedding.default:
-            if _any_padded(s0):
-                raise NoBucket("an embedding table is padded")
-            spec = self.arg_spec(a[1]) + (s0[-1],)
-            self.rezero(n, spec, v.dtype)
-            return spec
-        if op is aten.embedding_dense_backward.default:
-            if len(a) > 4 and a[4]:
-                raise NoBucket("embedding with scale_grad_by_freq")
-            return _unpadded_spec(self.shape(v))
-        if op is aten.nll_loss_forward.default:
-            target = self.arg_spec(a[1])
-            if _padded(s0[-1] if len(s0) == 1 else s0[1]):
-                raise NoBucket("nll_loss over padded classes")
-            self.replace_arg(n, 1, self.fill_before(n, a[1], target, a[4], _val(a[1]).dtype))
-            reduction = a[3]
-            specs = [target if reduction == 0 else (), ()]
-            return specs
-        if op is aten.nll_loss_backward.default:
-            target = self.arg_spec(a[2])
-            self.replace_arg(n, 2, self.fill_before(n, a[2], target, a[5], _val(a[2]).dtype))
-            spec = self.arg_spec(a[1])
-            self.rezero(n, spec, v.dtype)
-            return spec
-        if op is aten.native_dropout.default:
-            specs = [s0, s0]
-            self._rezero_outputs(n, specs, v)
-            return specs
-        raise NoBucket(f"{name} on a padded tensor")
+# ---------------------------------------------------------------------------------------
+# Rules: views and layout.
 
-    def _rezero_outputs(self, n, specs, v):
-        users = [u for u in n.users if u.target is operator.getitem]
-        for u in users:
-            i = u.args[1]
-            if specs[i] is not None and isinstance(v[i], torch.Tensor):
-                self.spec[u] = specs[i]
-                self.rezero(u, specs[i], v[i].dtype)
 
-    def reduction(self, n, op, name, v, s0):
-        a = n.args
-        ndim = len(s0)
-        if op in (aten.sum.default, aten.mean.default, aten.any.default):
-            dims, keep = list(range(ndim)), False
+def _input_spec(rw, n):
+    return rw.arg_spec(n.args[0])
+
+
+def _dim_arg(n, index, ndim, default=0):
+    d = n.args[index] if len(n.args) > index else n.kwargs.get("dim", default)
+    return d % ndim
+
+
+@rule(*_VIEWS, "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims")
+def _view(rw, n, v):
+    return _regroup(_input_spec(rw, n), rw.shape(v))
+
+
+@rule("aten::permute")
+def _permute(rw, n, v):
+    s0 = _input_spec(rw, n)
+    return tuple(s0[d] for d in n.args[1])
+
+
+@rule("aten::transpose.int")
+def _transpose(rw, n, v):
+    s0 = _input_spec(rw, n)
+    d0, d1 = n.args[1] % len(s0), n.args[2] % len(s0)
+    out = list(s0)
+    out[d0], out[d1] = out[d1], out[d0]
+    return tuple(out)
+
+
+@rule("aten::t")
+def _t(rw, n, v):
+    return tuple(reversed(_input_spec(rw, n)))
+
+
+@rule("aten::unsqueeze")
+def _unsqueeze(rw, n, v):
+    s0 = _input_spec(rw, n)
+    d = n.args[1] % (len(s0) + 1)
+    return s0[:d] + (_plain(1),) + s0[d:]
+
+
+@rule("aten::expand")
+def _expand(rw, n, v):
+    s0 = _input_spec(rw, n)
+    out_shape = rw.shape(v)
+    k = len(out_shape) - len(s0)
+    dims, out_specs = [], None
+    for i, size in enumerate(out_shape):
+        if i < k or (s0[i - k] == _plain(1) and size != 1):  # a new or broadcast dimension
+            out_specs = out_specs or rw.spec_from_exprs(v)
+            dims.append(out_specs[i])
         else:
-            dims = a[1] if len(a) > 1 else n.kwargs.get("dim")
-            dims = list(range(ndim)) if dims is None else [dims] if isinstance(dims, int) else list(dims)
-            keep = a[2] if len(a) > 2 else n.kwargs.get("keepdim", False)
-        dims = [d % ndim for d in dims] if ndim else []
-        over_padded = any(_padded(s0[d]) for d in dims)
-        out_spec = tuple(_plain(1) if i in dims else d for i, d in enumerate(s0) if keep or i not in dims)
-        outs = v if isinstance(v, (list, tuple)) else [v]
-        if over_padded:
-            if op in (aten.mean.dim, aten.mean.default):
-                # mean = sum / real count
-                x = a[0]
-                dtype = n.kwargs.get("dtype") or v.dtype
-                with self.graph.inserting_before(n):
-                    total = self._call(aten.sum.dim_IntList, x, dims, keep, dtype=dtype)
-                    ones = self._call(aten._to_copy.default, self.mask(s0), dtype=dtype)
-                    ones = self._call(aten.expand.default, ones, list(self.shape(_val(x))))
-                    count = self._call(aten.sum.dim_IntList, ones, dims, keep)
-                    mean = self._call(aten.div.Tensor, total, count)
-                mean.meta["val"] = v
-                n.replace_all_uses_with(mean)
-                self.graph.erase_node(n)
-                self.spec[mean] = out_spec
-                self.rezero(mean, out_spec, dtype)  # rows with no real element: 0/0
-                return out_spec
-            fill = _REDUCE_FILL[op]
-            x = a[0]
-            dtype = _val(x).dtype
-            if dtype == torch.bool:
-                fill = bool(fill)
-            elif not dtype.is_floating_point and fill in (float("inf"), float("-inf")):
-                info = torch.iinfo(dtype)
-                fill = info.max if fill > 0 else info.min
-            if fill != 0:
-                self.replace_arg(n, 0, self.fill_before(n, x, s0, fill, dtype))
-        if isinstance(v, (list, tuple)):
-            specs = [out_spec for _ in outs]
-            self._rezero_outputs(n, specs, v)
-            return specs
-        self.rezero(n, out_spec, v.dtype)
+            dims.append(s0[i - k])
+    spec = tuple(dims)
+    if any(_padded(d) and (i < k or s0[i - k] == _plain(1)) for i, d in enumerate(spec)):
+        rw.rezero(n, spec, v.dtype)  # copies of real data landed in the padding
+    return spec
+
+
+@rule("aten::alias", "aten::clone", "aten::detach", "aten::lift_fresh_copy", "aten::_to_copy", "aten::contiguous")
+def _same(rw, n, v):
+    return _input_spec(rw, n)
+
+
+@rule("aten::split_with_sizes", "aten::split.Tensor", "aten::chunk")
+def _split(rw, n, v):
+    s0 = _input_spec(rw, n)
+    d = _dim_arg(n, 2, len(s0))
+    if _padded(s0[d]):
+        raise NoBucket(f"{n.target.name()} splits a padded dimension")
+    return [s0[:d] + (_plain(rw.shape(o)[d]),) + s0[d + 1:] for o in v]
+
+
+@rule("aten::unbind.int")
+def _unbind(rw, n, v):
+    s0 = _input_spec(rw, n)
+    d = _dim_arg(n, 1, len(s0))
+    if _padded(s0[d]):
+        raise NoBucket(f"{n.target.name()} splits a padded dimension")
+    return [s0[:d] + s0[d + 1:] for _ in v]
+
+
+@rule("aten::slice.Tensor")
+def _slice(rw, n, v):
+    s0 = _input_spec(rw, n)
+    d = _dim_arg(n, 1, len(s0))
+    out_shape = rw.shape(v)
+    in_shape = rw.shape(_val(n.args[0]))
+    if _padded(s0[d]):
+        if out_shape[d] == in_shape[d]:
+            return s0
+        raise NoBucket("a slice of a padded dimension")
+    spec = rw.spec_from_exprs(v)
+    if _padded(spec[d]):  # x[:, :T] of a fixed-size tensor (a causal mask buffer)
+        sym = spec[d][0][1]
+        rw.limits.append((sym, in_shape[d]))
+        spec = s0[:d] + (spec[d],) + s0[d + 1:]
+        rw.rezero(n, spec, v.dtype)
+        return spec
+    return s0[:d] + (_plain(out_shape[d]),) + s0[d + 1:]
+
+
+@rule("aten::select.int")
+def _select(rw, n, v):
+    s0 = _input_spec(rw, n)
+    d = n.args[1] % len(s0)
+    if _padded(s0[d]):
+        raise NoBucket("a select on a padded dimension")
+    return s0[:d] + s0[d + 1:]
+
+
+@rule("aten::cat")
+def _cat(rw, n, v):
+    specs = [rw.spec[t] for t in n.args[0]]
+    d = _dim_arg(n, 1, len(specs[0]))
+    if any(_padded(s[d]) for s in specs):
+        raise NoBucket("a cat along a padded dimension")
+    out_shape = rw.shape(v)
+    rest = _broadcast([s[:d] + (_plain(1),) + s[d + 1:] for s in specs], out_shape[:d] + (1,) + out_shape[d + 1:])
+    return rest[:d] + (_plain(out_shape[d]),) + rest[d + 1:]
+
+
+# ---------------------------------------------------------------------------------------
+# Rules: elementwise ops and factories (their padding is set to zero afterwards).
+
+
+@rule(*_FACTORIES)
+def _factory(rw, n, v):
+    spec = rw.spec_from_exprs(v)
+    rw.rezero(n, spec, v.dtype)
+    return spec
+
+
+@rule("aten::tril", "aten::triu")  # positional, but elementwise for the padding
+def _elementwise(rw, n, v):
+    """Also the rule of every op PyTorch tags pointwise (rule_for)."""
+    spec = _broadcast([rw.arg_spec(x) for x in n.args], rw.shape(v))
+    rw.rezero(n, spec, v.dtype)
+    return spec
+
+
+@rule("aten::native_dropout")
+def _dropout(rw, n, v):
+    s0 = _input_spec(rw, n)
+    specs = [s0, s0]
+    rw.rezero_outputs(n, specs, v)
+    return specs
+
+
+# ---------------------------------------------------------------------------------------
+# Rules: reductions (the padding holds the reduction's identity first).
+
+
+def _reduced_dims(n, ndim):
+    """The dimensions a reduction node reduces, and its keepdim."""
+    a = n.args
+    if n.target in (aten.sum.default, aten.mean.default, aten.any.default):
+        dims, keep = None, False
+    else:
+        dims = a[1] if len(a) > 1 else n.kwargs.get("dim")
+        keep = a[2] if len(a) > 2 else n.kwargs.get("keepdim", False)
+    if isinstance(dims, int):
+        dims = [dims]
+    if not dims:  # None, or an empty list: amax(x, []) and sum(x, []) reduce every dimension
+        dims = range(ndim)
+    return sorted({d % ndim for d in dims}) if ndim else [], keep
+
+
+def _reduced_spec(s0, dims, keep):
+    return tuple(_plain(1) if i in dims else d for i, d in enumerate(s0) if keep or i not in dims)
+
+
+def _reduction(rw, n, v, fill):
+    s0 = _input_spec(rw, n)
+    dims, keep = _reduced_dims(n, len(s0))
+    out_spec = _reduced_spec(s0, dims, keep)
+    if any(_padded(s0[d]) for d in dims):
+        fill = _reduce_fill(fill, _val(n.args[0]).dtype)
+        if fill != 0:  # zero: the padding already holds it
+            rw.fill_arg(n, 0, fill)
+    if isinstance(v, (list, tuple)):  # max.dim, min.dim: values and indices
+        specs = [out_spec for _ in v]
+        rw.rezero_outputs(n, specs, v)
+        return specs
+    rw.rezero(n, out_spec, v.dtype)
+    return out_spec
+
+
+@rule("aten::sum", "aten::sum.dim_IntList", "aten::any", "aten::any.dim")
+def _sum(rw, n, v):
+    return _reduction(rw, n, v, 0.0)
+
+
+@rule("aten::amax", "aten::max.dim", "aten::argmax", "aten::logsumexp")
+def _max(rw, n, v):
+    return _reduction(rw, n, v, -_INF)
+
+
+@rule("aten::amin", "aten::min.dim", "aten::argmin")
+def _min(rw, n, v):
+    return _reduction(rw, n, v, _INF)
+
+
+@rule("aten::all.dim", "aten::prod.dim_int")
+def _product(rw, n, v):
+    return _reduction(rw, n, v, 1.0)
+
+
+@rule("aten::mean", "aten::mean.dim")
+def _mean(rw, n, v):
+    s0 = _input_spec(rw, n)
+    dims, keep = _reduced_dims(n, len(s0))
+    out_spec = _reduced_spec(s0, dims, keep)
+    if not any(_padded(s0[d]) for d in dims):
+        rw.rezero(n, out_spec, v.dtype)
         return out_spec
+    # Over a padded dimension: the sum (the padding holds zeros) over the real count.
+    x = n.args[0]
+    dtype = n.kwargs.get("dtype") or v.dtype
+    with rw.graph.inserting_before(n):
+        total = rw.call(aten.sum.dim_IntList, x, dims, keep, dtype=dtype)
+        ones = rw.call(aten._to_copy.default, rw.mask(s0), dtype=dtype)
+        ones = rw.call(aten.expand.default, ones, list(rw.shape(_val(x))))
+        count = rw.call(aten.sum.dim_IntList, ones, dims, keep)
+        mean = rw.call(aten.div.Tensor, total, count)
+    mean.meta["val"] = v
+    n.replace_all_uses_with(mean)
+    rw.graph.erase_node(n)
+    rw.spec[mean] = out_spec
+    rw.rezero(mean, out_spec, dtype)  # rows with no real element: 0/0
+    return out_spec
 
 
-def rewrite(gm, buckets: dict, symbols: list, known_specs: dict):
-    """A copy of gm that runs at the bucket's sizes with masks; raises NoBucket."""
-    import copy
+@rule("aten::_softmax", "aten::_log_softmax", "aten::_safe_softmax", "aten::softmax.int", "aten::log_softmax.int")
+def _softmax(rw, n, v):
+    s0 = _input_spec(rw, n)
+    if _padded(s0[n.args[1] % len(s0)]):
+        rw.fill_arg(n, 0, -_INF)  # the padding gets no probability
+    rw.rezero(n, s0, v.dtype)
+    return s0
 
-    gm = copy.deepcopy(gm)
-    r = _Rewriter(gm, buckets, symbols, known_specs)
-    new = r.run()
-    for sym, limit in r.limits:
-        if buckets[sym] > limit:
-            raise NoBucket(f"bucket {buckets[sym]} of {sym} exceeds a sliced size {limit}")
-    outputs = next(n for n in new.graph.nodes if n.op == "output").args[0]
-    out_specs = [r.spec.get(o) if isinstance(o, torch.fx.Node) else None for o in outputs]
-    return new, r.placeholder_specs, out_specs
+
+@rule("aten::_softmax_backward_data", "aten::_log_softmax_backward_data")
+def _softmax_backward(rw, n, v):
+    s0 = _input_spec(rw, n)
+    rw.rezero(n, s0, v.dtype)
+    return s0
+
+
+# ---------------------------------------------------------------------------------------
+# Rules: matrix products (zeros in a contracted padded dimension add nothing).
+
+
+@rule("aten::mm")
+def _mm(rw, n, v):
+    s0, s1 = _input_spec(rw, n), rw.arg_spec(n.args[1])
+    return (s0[0], s1[1])
+
+
+@rule("aten::bmm")
+def _bmm(rw, n, v):
+    s0, s1 = _input_spec(rw, n), rw.arg_spec(n.args[1])
+    return (_broadcast([s0[:1], s1[:1]], rw.shape(v)[:1])[0], s0[1], s1[2])
+
+
+@rule("aten::addmm", "aten::baddbmm")
+def _add_product(rw, n, v):
+    s0, s1, s2 = _input_spec(rw, n), rw.arg_spec(n.args[1]), rw.arg_spec(n.args[2])
+    prod = (s1[0], s2[1]) if n.target is aten.addmm.default else (s1[0], s1[1], s2[2])
+    spec = _broadcast([s0, prod], rw.shape(v))
+    rw.rezero(n, spec, v.dtype)
+    return spec
+
+
+# ---------------------------------------------------------------------------------------
+# Rules: layers of language models (layer norm, embedding, cross-entropy).
+
+
+@rule("aten::native_layer_norm")
+def _layer_norm(rw, n, v):
+    s0 = _input_spec(rw, n)
+    k = len(n.args[1])
+    if any(_padded(d) for d in s0[-k:]):
+        raise NoBucket("a layer norm over a padded dimension")
+    stat = s0[:-k] + (_plain(1),) * k
+    specs = [s0, stat, stat]
+    rw.rezero_outputs(n, specs, v)
+    return specs
+
+
+@rule("aten::native_layer_norm_backward")
+def _layer_norm_backward(rw, n, v):
+    specs = [rw.arg_spec(n.args[1]), _unpadded_spec(rw.shape(v[1])) if v[1] is not None else None,
+             _unpadded_spec(rw.shape(v[2])) if v[2] is not None else None]
+    rw.rezero_outputs(n, specs, v)
+    return specs
+
+
+@rule("aten::embedding")
+def _embedding(rw, n, v):
+    table = _input_spec(rw, n)
+    if _any_padded(table):
+        raise NoBucket("an embedding table is padded")
+    spec = rw.arg_spec(n.args[1]) + (table[-1],)
+    rw.rezero(n, spec, v.dtype)  # padded token ids (0) looked up real rows
+    return spec
+
+
+@rule("aten::embedding_dense_backward")
+def _embedding_backward(rw, n, v):
+    if len(n.args) > 4 and n.args[4]:
+        raise NoBucket("embedding with scale_grad_by_freq")
+    return _unpadded_spec(rw.shape(v))  # padded positions carry zero gradients
+
+
+@rule("aten::nll_loss_forward")
+def _nll_loss(rw, n, v):
+    s0 = _input_spec(rw, n)
+    if _padded(s0[-1] if len(s0) == 1 else s0[1]):
+        raise NoBucket("nll_loss over padded classes")
+    target = rw.arg_spec(n.args[1])
+    rw.fill_arg(n, 1, n.args[4])  # padded targets are ignore_index
+    reduction = n.args[3]
+    return [target if reduction == 0 else (), ()]
+
+
+@rule("aten::nll_loss_backward")
+def _nll_loss_backward(rw, n, v):
+    rw.fill_arg(n, 2, n.args[5])  # padded targets are ignore_index
+    spec = rw.arg_spec(n.args[1])
+    rw.rezero(n, spec, v.dtype)
+    return spec
 
 
 # ---------------------------------------------------------------------------------------
@@ -646,12 +866,7 @@ def _factor_sizes(spec, values):
 def pad(t: torch.Tensor, spec, reals: dict) -> torch.Tensor:
     """t (real sizes) zero-padded to the bucket sizes of `spec` (on the host: no compile)."""
     real, padded = _factor_sizes(spec, reals)
-    bucket_shape = []
-    for dim in spec:
-        p = 1
-        for size, _ in dim:
-            p *= size
-        bucket_shape.append(p)
+    bucket_shape = [_dim_size(dim) for dim in spec]
     if real == padded or list(t.shape) == bucket_shape:  # nothing to pad, or already padded
         return t
     host = t.detach().to("cpu").reshape(real)
@@ -665,11 +880,131 @@ def unpad(t: torch.Tensor, spec, reals: dict) -> torch.Tensor:
     real, padded = _factor_sizes(spec, reals)
     if real == padded:
         return t
-    real_shape = []
-    for dim in spec:
-        p = 1
-        for size, sym in dim:
-            p *= reals[sym] if sym else size
-        real_shape.append(p)
     x = t.reshape(padded)[tuple(slice(0, r) for r in real)]
-    return x.reshape(real_shape)
+    return x.reshape([_dim_size(dim, reals) for dim in spec])
+
+
+def carries_sizes(args) -> bool:
+    """Whether a padded tensor kept by an earlier graph (saved for the backward) is in args."""
+    return any(isinstance(a, torch.Tensor) and hasattr(a, _REAL_ATTR) for a in args)
+
+
+# ---------------------------------------------------------------------------------------
+# The public face: a graph, a call's sizes, the graph padded for one bucket.
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """One call's sizes: the real value of each symbol and the bucket it runs at."""
+
+    real: dict
+    bucket: dict
+    key: tuple  # the bucket sizes in symbol order: one padded graph per key
+
+
+class DynamicGraph:
+    """An FX graph whose inputs have symbolic sizes."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.symbols = graph_symbols(gm)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.input_names = [n.name for n in placeholders]
+        self.inputs = [_val(n) for n in placeholders]  # tensors and SymInts (symbolic)
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        self.output_names = [o.name if isinstance(o, torch.fx.Node) else None for o in outputs]
+        self.outputs = [_val(o) if isinstance(o, torch.fx.Node) else None for o in outputs]
+
+    def real_sizes(self, args) -> dict:
+        """The real value of each symbol that args show."""
+        for a in args:  # tensors a padded forward saved for this backward know the sizes
+            real = getattr(a, _REAL_ATTR, None) if isinstance(a, torch.Tensor) else None
+            if real is not None:
+                return dict(real)
+        reals = {}
+        for v, a in zip(self.inputs, args):
+            if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and isinstance(a, int):
+                reals[v.node.expr.name] = a
+        seen = {}
+        for v, a in zip(self.inputs, args):  # the smallest size seen: the real one
+            if isinstance(v, torch.Tensor) and isinstance(a, torch.Tensor):
+                for e, size in zip(v.shape, a.shape):
+                    e = _expr(e)
+                    if e is not None and e.is_Symbol and e.name not in reals:
+                        seen[e.name] = min(size, seen.get(e.name, size))
+        return {**seen, **reals}
+
+    def sizes(self, args, pol="env") -> Sizes | None:
+        """The sizes a call with args runs at; None when it runs at its exact sizes
+        (bucketing off, a size args do not show, a size above the largest bucket).
+        pol: a policy() value; by default TORCHTPU_BUCKETS now."""
+        pol = policy() if pol == "env" else pol
+        if pol is None or not self.symbols:
+            return None
+        reals = self.real_sizes(args)
+        if any(s not in reals for s in self.symbols):
+            return None
+        if isinstance(pol, list) and any(reals[s] > pol[-1] for s in self.symbols):
+            return None
+        buckets = {s: bucket_of(reals[s], pol) for s in self.symbols}
+        return Sizes(reals, buckets, tuple(buckets[s] for s in self.symbols))
+
+    def rewrite(self, sizes: Sizes, known_specs: dict | None = None) -> "Padded":
+        """The graph rewritten to run at sizes.bucket; raises NoBucket. known_specs: padding
+        specs of inputs by placeholder name (a backward's saved tensors)."""
+        rw = _Rewrite(copy.deepcopy(self.gm), sizes.bucket, self.symbols, known_specs or {})
+        gm = rw.run()
+        for sym, limit in rw.limits:
+            if sizes.bucket[sym] > limit:
+                raise NoBucket(f"bucket {sizes.bucket[sym]} of {sym} exceeds a sliced size {limit}")
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        out_specs = [rw.spec.get(o) if isinstance(o, torch.fx.Node) else None for o in outputs]
+        return Padded(gm, self, rw.placeholder_specs, out_specs)
+
+
+@dataclasses.dataclass
+class Padded:
+    """A graph rewritten for one bucket: its extra last input is the real lengths."""
+
+    gm: torch.fx.GraphModule
+    source: DynamicGraph
+    input_specs: dict  # placeholder name -> padding spec
+    output_specs: list  # per output: padding spec, or None
+
+    @property
+    def output_specs_by_name(self) -> dict:
+        """Padded outputs' specs by the source graph's output names: a forward's saved
+        tensors are its backward's inputs of the same names (known_specs of its rewrite)."""
+        return {name: spec for name, spec in zip(self.source.output_names, self.output_specs)
+                if name and spec is not None}
+
+    def prepare(self, args, sizes: Sizes) -> list:
+        """The arguments of self.gm for a call with args: tensors padded to the bucket, sizes
+        at the bucket's values, and the real lengths last."""
+        out = []
+        for name, v, a in zip(self.source.input_names, self.source.inputs, args):
+            if isinstance(v, torch.SymInt):
+                out.append(_eval(v.node.expr, sizes.bucket))
+            elif isinstance(a, torch.Tensor) and name in self.input_specs:
+                out.append(pad(a, self.input_specs[name], sizes.real))
+            else:
+                out.append(a)
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        out.append(torch.tensor([sizes.real[s] for s in self.source.symbols], dtype=torch.int64).to(device))
+        return out
+
+    def finish(self, outputs, sizes: Sizes, users: int | None = None) -> list:
+        """The outputs as the unpadded graph gives them: the first `users` (all when None)
+        sliced to the real sizes; the others stay padded and carry the real sizes (tensors a
+        forward saves for its backward)."""
+        out = list(outputs)
+        users = len(out) if users is None else users
+        for i, (o, v) in enumerate(zip(out, self.source.outputs)):
+            if isinstance(v, torch.SymInt):
+                out[i] = _eval(v.node.expr, sizes.real)
+            elif isinstance(o, torch.Tensor) and _any_padded(self.output_specs[i]):
+                if i < users:
+                    out[i] = unpad(o, self.output_specs[i], sizes.real)
+                else:
+                    setattr(o, _REAL_ATTR, sizes.real)
+        return out

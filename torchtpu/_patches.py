@@ -1,20 +1,139 @@
-"""Small adaptations of PyTorch's Python layer for the tpu device: printing, saving and
-loading, and the end of optimizer steps as a flush point."""
+"""Every change torchtpu makes to PyTorch's Python internals, in one module, each guarded.
+
+A patch replaces one attribute of torch. Before it does, it checks that the attribute is
+there and looks as this code expects (its parameters; the names its code reads that the
+patch relies on). On a torch release where it does not, importing torchtpu raises
+PatchError naming the patch and the torch version, instead of misbehaving silently.
+tests/test_patches.py covers each patch's behaviour and its guard.
+
+Patched (PATCHES, in install order):
+    printing           torch._tensor_str._tensor_str and _str
+    functional check   torch._is_functional_tensor (a per-thread "describe as plain" flag)
+    saving             torch._C._has_storage
+    loading            torch.load
+    module.to          torch.nn.Module._apply
+    inference mode     torch.autograd.grad_mode.inference_mode.__enter__ / __exit__
+    fakeification      torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor
+The end of an optimizer step uses PyTorch's public optimizer hooks (no patch, no guard).
+"""
+from __future__ import annotations
+
+import contextlib
 import functools
+import inspect
+import threading
+from typing import Callable
 
 import torch
 
 from torchtpu import _C
 
 
+class PatchError(RuntimeError):
+    """A patched torch internal is missing or not what torchtpu expects."""
+
+
+PATCHES: dict[str, Callable[[], None]] = {}
+_originals: dict[tuple[object, str], object] = {}  # (owner, attribute) -> torch's own
+
+
+def patch(name: str):
+    """Registers an install function under a name (PATCHES, install())."""
+
+    def register(fn):
+        PATCHES[name] = fn
+        return fn
+
+    return register
+
+
+def checked(patch_name: str, owner, attribute: str, params=None, reads=()):
+    """torch's own owner.attribute, after checking that it exists, that its parameters start
+    with `params` (names) and that its code reads each name in `reads`; else PatchError."""
+    where = f"{getattr(owner, '__module__', '')}.{getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}"
+    where = f"{where.strip('.')}.{attribute}"
+    target = _originals.get((owner, attribute), getattr(owner, attribute, None))
+
+    def fail(what):
+        return PatchError(f"torchtpu patch '{patch_name}': {where} {what} in torch {torch.__version__}; "
+                          "install the torch release torchtpu pins (requirements.txt), or update this "
+                          "patch (torchtpu/_patches.py)")
+
+    if target is None:
+        raise fail("does not exist")
+    if not callable(target):
+        raise fail(f"is a {type(target).__name__}, not a function")
+    if params is not None:
+        actual = list(inspect.signature(target).parameters)
+        if actual[:len(params)] != list(params):
+            raise fail(f"takes ({', '.join(actual)}), not ({', '.join(params)}, ...)")
+    code = getattr(inspect.unwrap(target), "__code__", None)
+    for name in reads:
+        if code is None or name not in code.co_names:
+            raise fail(f"no longer reads {name}")
+    return target
+
+
+def _replace(owner, attribute: str, replacement) -> None:
+    _originals.setdefault((owner, attribute), getattr(owner, attribute))
+    setattr(owner, attribute, replacement)
+
+
+def _restore() -> None:
+    for (owner, attribute), original in _originals.items():
+        setattr(owner, attribute, original)
+    _originals.clear()
+
+
 def _is_tpu(tensor) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu"
 
 
+# ---------------------------------------------------------------------------------------
+# A tpu tensor is a FunctionalTensorWrapper inside; where PyTorch's Python asks
+# torch._is_functional_tensor to decide how to show or describe a tensor, it must see the
+# plain device tensor the user has. The answer changes only inside `described_as_plain`,
+# on the calling thread (other threads keep torch's answer).
+
+_plain = threading.local()
+
+
+@patch("functional check")
+def _patch_functional_check():
+    original = checked("functional check", torch, "_is_functional_tensor")
+
+    @functools.wraps(original)
+    def _is_functional_tensor(tensor):
+        plain = getattr(_plain, "predicate", None)
+        if plain is not None and plain(tensor):
+            return False
+        return original(tensor)
+
+    _replace(torch, "_is_functional_tensor", _is_functional_tensor)
+
+
+@contextlib.contextmanager
+def described_as_plain(predicate: Callable[[torch.Tensor], bool]):
+    """On this thread, torch._is_functional_tensor(t) is False where predicate(t) holds."""
+    previous = getattr(_plain, "predicate", None)
+    _plain.predicate = predicate
+    try:
+        yield
+    finally:
+        _plain.predicate = previous
+
+
+# ---------------------------------------------------------------------------------------
+# Printing.
+
+
+@patch("printing")
 def _patch_printing():
     import torch._tensor_str as tensor_str
 
-    original = tensor_str._tensor_str
+    original = checked("printing", tensor_str, "_tensor_str", params=("self", "indent"))
+    original_str = checked("printing", tensor_str, "_str", params=("self", "tensor_contents"))
+    checked("printing", tensor_str, "_str_intern", reads=("_is_functional_tensor",))
 
     @functools.wraps(original)
     def _tensor_str(self, indent):
@@ -23,47 +142,52 @@ def _patch_printing():
             self = self.cpu()
         return original(self, indent)
 
-    tensor_str._tensor_str = _tensor_str
-
-    original_str = tensor_str._str
-
     @functools.wraps(original_str)
     def _str(self, *, tensor_contents=None):
-        # A tpu tensor is a functional wrapper inside; print it as the plain device tensor
-        # it is to the user (PyTorch would print "_to_functional_tensor(...)").
+        # Print a tpu tensor as the device tensor it is to the user; PyTorch would print the
+        # functional wrapper ("_to_functional_tensor(...)").
         if not _is_tpu(self):
             return original_str(self, tensor_contents=tensor_contents)
-        is_functional = torch._is_functional_tensor
-        torch._is_functional_tensor = lambda t: False if _is_tpu(t) else is_functional(t)
-        try:
+        with described_as_plain(_is_tpu):
             return original_str(self, tensor_contents=tensor_contents)
-        finally:
-            torch._is_functional_tensor = is_functional
 
-    tensor_str._str = _str
+    _replace(tensor_str, "_tensor_str", _tensor_str)
+    _replace(tensor_str, "_str", _str)
 
 
-def _patch_serialization():
-    # torch.save of a tpu tensor goes through a CPU copy, as for XLA tensors.
-    original_has_storage = torch._C._has_storage
+# ---------------------------------------------------------------------------------------
+# Saving and loading.
 
+
+@patch("saving")
+def _patch_saving():
+    # torch.save (and deepcopy) of a tpu tensor go through a CPU copy, as for XLA tensors:
+    # PyTorch takes that path for a PrivateUse1 tensor without storage.
+    original = checked("saving", torch._C, "_has_storage")
+    checked("saving", torch.Tensor, "_reduce_ex_internal", reads=("_has_storage", "_get_privateuse1_backend_name"))
+
+    @functools.wraps(original)
     def _has_storage(tensor):
         if _is_tpu(tensor):
             return False
-        return original_has_storage(tensor)
+        return original(tensor)
 
-    torch._C._has_storage = _has_storage
+    _replace(torch._C, "_has_storage", _has_storage)
 
-    original_load = torch.load
 
-    @functools.wraps(original_load)
+@patch("loading")
+def _patch_loading():
+    # torch.load(..., map_location="tpu") loads on CPU and moves the result.
+    original = checked("loading", torch, "load", params=("f", "map_location"))
+
+    @functools.wraps(original)
     def load(f, map_location=None, *args, **kwargs):
         target = _tpu_target(map_location)
         if target is None:
-            return original_load(f, map_location, *args, **kwargs)
-        return _move(original_load(f, "cpu", *args, **kwargs), target)
+            return original(f, map_location, *args, **kwargs)
+        return _move(original(f, "cpu", *args, **kwargs), target)
 
-    torch.load = load
+    _replace(torch, "load", load)
 
 
 def _tpu_target(map_location):
@@ -94,7 +218,133 @@ def _move(obj, device):
     return obj
 
 
-def _patch_optimizers():
+# ---------------------------------------------------------------------------------------
+# module.to("tpu").
+
+
+@patch("module.to")
+def _patch_module_apply():
+    # module.to("tpu") builds new Parameters (a tpu tensor cannot take over a CPU tensor's
+    # storage in place), which would untie weights shared between modules (tied embeddings).
+    # Re-tie them after the move, as CUDA users get for free.
+    original = checked("module.to", torch.nn.Module, "_apply", params=("self", "fn", "recurse"),
+                       reads=("_parameters",))
+    state = threading.local()
+
+    @functools.wraps(original)
+    def _apply(self, fn, recurse=True):
+        if getattr(state, "active", False):
+            return original(self, fn, recurse)
+        holders = {}
+        for module in self.modules():
+            for name, param in module._parameters.items():
+                if param is not None:
+                    holders.setdefault(id(param), []).append((module, name))
+        state.active = True
+        try:
+            result = original(self, fn, recurse)
+        finally:
+            state.active = False
+        for places in holders.values():
+            if len(places) > 1:
+                first_module, first_name = places[0]
+                shared = first_module._parameters[first_name]
+                for module, name in places[1:]:
+                    module._parameters[name] = shared
+        return result
+
+    _replace(torch.nn.Module, "_apply", _apply)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.inference_mode().
+
+
+@patch("inference mode")
+def _patch_inference_mode():
+    # PyTorch's C++ functionalization (which tpu tensors go through, as XLA's do) cannot take
+    # a view of a normal tensor under inference mode: the view's wrapper is created as an
+    # inference tensor and autograd's view tracking then fails with "Cannot set
+    # version_counter for inference tensor" (any Linear does a view: weight.t()). Once tpu
+    # tensors are in use, torch.inference_mode() runs as torch.no_grad(): same results, no
+    # autograd graph; tensors made inside are normal tensors. CPU-only processes are untouched.
+    import warnings
+
+    cls = torch.autograd.grad_mode.inference_mode
+    checked("inference mode", cls, "__init__", params=("self", "mode"), reads=("mode",))
+    original_enter = checked("inference mode", cls, "__enter__", params=("self",))
+    original_exit = checked("inference mode", cls, "__exit__", params=("self", "exc_type", "exc_value", "traceback"))
+    state = {"tpu_used": False, "warned": False}
+
+    def tpu_in_use() -> bool:
+        if not state["tpu_used"]:
+            c = _C.counters()
+            state["tpu_used"] = bool(c["ops_traced"] or c["bytes_to_device"] or _C.pending_ops())
+        return state["tpu_used"]
+
+    @functools.wraps(original_enter)
+    def __enter__(self):
+        if self.mode and tpu_in_use():
+            if not state["warned"]:
+                state["warned"] = True
+                warnings.warn("torchtpu: torch.inference_mode() runs as torch.no_grad() once tpu tensors are in "
+                              "use (PyTorch's functionalization cannot view normal tensors under inference mode); "
+                              "results are the same", stacklevel=2)
+            self._torchtpu_no_grad = torch.no_grad()
+            return self._torchtpu_no_grad.__enter__()
+        self._torchtpu_no_grad = None
+        return original_enter(self)
+
+    @functools.wraps(original_exit)
+    def __exit__(self, exc_type, exc_value, traceback):
+        no_grad = getattr(self, "_torchtpu_no_grad", None)
+        if no_grad is not None:
+            self._torchtpu_no_grad = None
+            return no_grad.__exit__(exc_type, exc_value, traceback)
+        return original_exit(self, exc_type, exc_value, traceback)
+
+    _replace(cls, "__enter__", __enter__)
+    _replace(cls, "__exit__", __exit__)
+
+
+# ---------------------------------------------------------------------------------------
+# Fakeification (torch.compile).
+
+
+@patch("fakeification")
+def _patch_fakeification():
+    # Dynamo turns inputs into FakeTensors through MetaTensorDescriber, which unwraps
+    # functional tensors unless their device is xla or lazy; that gives functional-wrapped
+    # fakes Dynamo cannot use (parameters fail its leaf check). A tpu tensor takes the
+    # xla/lazy path: it is described as the plain dense tensor it is to the user, and
+    # becomes an ordinary FakeTensor on device "tpu".
+    import dataclasses
+
+    from torch._subclasses import meta_utils
+
+    describer = meta_utils.MetaTensorDescriber
+    original = checked("fakeification", describer, "describe_tensor", params=("self", "t", "recurse", "trace"),
+                       reads=("_is_functional_tensor",))
+    if "is_functional" not in {f.name for f in dataclasses.fields(meta_utils.MetaTensorDesc)}:
+        raise PatchError(f"torchtpu patch 'fakeification': torch._subclasses.meta_utils.MetaTensorDesc has no "
+                         f"is_functional field in torch {torch.__version__}")
+
+    @functools.wraps(original)
+    def describe_tensor(self, t, *, recurse=True, trace=False):
+        if t.device.type != "tpu" or not torch._is_functional_tensor(t):
+            return original(self, t, recurse=recurse, trace=trace)
+        with described_as_plain(lambda x: x is t):
+            desc = original(self, t, recurse=recurse, trace=trace)
+        return dataclasses.replace(desc, is_functional=False)
+
+    _replace(describer, "describe_tensor", describe_tensor)
+
+
+# ---------------------------------------------------------------------------------------
+# Optimizer steps (public hooks, not patches).
+
+
+def _register_optimizer_hooks():
     # The end of an optimizer step is where a training step's graph ends: run it now, without
     # waiting for it, so the next step is traced while this one computes.
     def flush_after_step(optimizer, args, kwargs):
@@ -121,91 +371,21 @@ def _patch_optimizers():
     register_optimizer_step_post_hook(flush_after_step)
 
 
-def _patch_module_apply():
-    # module.to("tpu") builds new Parameters (a tpu tensor cannot take over a CPU tensor's
-    # storage in place), which would untie weights shared between modules (tied embeddings).
-    # Re-tie them after the move, as CUDA users get for free.
-    import threading
-
-    original = torch.nn.Module._apply
-    state = threading.local()
-
-    @functools.wraps(original)
-    def _apply(self, fn, recurse=True):
-        if getattr(state, "active", False):
-            return original(self, fn, recurse)
-        holders = {}
-        for module in self.modules():
-            for name, param in module._parameters.items():
-                if param is not None:
-                    holders.setdefault(id(param), []).append((module, name))
-        state.active = True
-        try:
-            result = original(self, fn, recurse)
-        finally:
-            state.active = False
-        for places in holders.values():
-            if len(places) > 1:
-                first_module, first_name = places[0]
-                shared = first_module._parameters[first_name]
-                for module, name in places[1:]:
-                    module._parameters[name] = shared
-        return result
-
-    torch.nn.Module._apply = _apply
-
-
-def _patch_inference_mode():
-    # PyTorch's C++ functionalization (which tpu tensors go through, as XLA's do) cannot take
-    # a view of a normal tensor under inference mode: the view's wrapper is created as an
-    # inference tensor and autograd's view tracking then fails with "Cannot set
-    # version_counter for inference tensor" (any Linear does a view: weight.t()). Once tpu
-    # tensors are in use, torch.inference_mode() runs as torch.no_grad(): same results, no
-    # autograd graph; tensors made inside are normal tensors. CPU-only processes are untouched.
-    import warnings
-
-    cls = torch.autograd.grad_mode.inference_mode
-    original_enter, original_exit = cls.__enter__, cls.__exit__
-    state = {"tpu_used": False, "warned": False}
-
-    def tpu_in_use() -> bool:
-        if not state["tpu_used"]:
-            c = _C.counters()
-            state["tpu_used"] = bool(c["ops_traced"] or c["bytes_to_device"] or _C.pending_ops())
-        return state["tpu_used"]
-
-    def __enter__(self):
-        if self.mode and tpu_in_use():
-            if not state["warned"]:
-                state["warned"] = True
-                warnings.warn("torchtpu: torch.inference_mode() runs as torch.no_grad() once tpu tensors are in "
-                              "use (PyTorch's functionalization cannot view normal tensors under inference mode); "
-                              "results are the same", stacklevel=2)
-            self._torchtpu_no_grad = torch.no_grad()
-            return self._torchtpu_no_grad.__enter__()
-        self._torchtpu_no_grad = None
-        return original_enter(self)
-
-    def __exit__(self, exc_type, exc_value, traceback):
-        no_grad = getattr(self, "_torchtpu_no_grad", None)
-        if no_grad is not None:
-            self._torchtpu_no_grad = None
-            return no_grad.__exit__(exc_type, exc_value, traceback)
-        return original_exit(self, exc_type, exc_value, traceback)
-
-    cls.__enter__, cls.__exit__ = __enter__, __exit__
-
-
+_install_lock = threading.Lock()
 _installed = False
 
 
 def install():
+    """Applies every patch (PATCHES) and registers the optimizer hooks, once."""
     global _installed
-    if _installed:
-        return
-    _installed = True
-    _patch_printing()
-    _patch_serialization()
-    _patch_optimizers()
-    _patch_module_apply()
-    _patch_inference_mode()
+    with _install_lock:
+        if _installed:
+            return
+        try:
+            for install_patch in PATCHES.values():
+                install_patch()
+        except PatchError:
+            _restore()  # torch as it was: a failed import of torchtpu leaves nothing behind
+            raise
+        _register_optimizer_hooks()
+        _installed = True

@@ -15,17 +15,13 @@ lowered through the same lowering table as eager mode:
 Graphs that cannot be captured as one executable (an op ran on CPU, or something forced a
 flush in the middle) keep running through the interpreter path, which is always correct.
 
-Fakeification: tpu tensors are FunctionalTensorWrappers around a storage-less TensorImpl.
-PyTorch's MetaConverter unwraps functional tensors unless their device is xla or lazy, which
-produces functional-wrapped fakes that Dynamo cannot use (parameters fail its leaf check).
-`_patch_fakeification` makes tpu tensors take the xla/lazy path: they are described as the
-plain dense tensors they are to the user, and become ordinary FakeTensors on device "tpu".
+Dynamo finds this backend by name through the `torch_dynamo_backends` entry point
+(pyproject.toml). Fakeification of tpu tensors needs a patch of PyTorch's MetaTensorDescriber
+(torchtpu/_patches.py, installed when torchtpu loads).
 """
 from __future__ import annotations
 
-import functools
 import os
-import threading
 import weakref
 
 import torch
@@ -70,43 +66,6 @@ def decompositions() -> dict:
         if isinstance(op, torch._ops.OpOverload) and _op_key(op) in lowered:
             del table[op]
     return table
-
-
-# ---------------------------------------------------------------------------------------
-# Fakeification of tpu tensors.
-
-_fake_patch_lock = threading.Lock()
-_fake_patched = False
-
-
-def _patch_fakeification() -> None:
-    global _fake_patched
-    with _fake_patch_lock:
-        if _fake_patched:
-            return
-        import dataclasses
-
-        from torch._subclasses import meta_utils
-
-        original = meta_utils.MetaTensorDescriber.describe_tensor
-
-        @functools.wraps(original)
-        def describe_tensor(self, t, *, recurse=True, trace=False):
-            if t.device.type != "tpu" or not torch._is_functional_tensor(t):
-                return original(self, t, recurse=recurse, trace=trace)
-            # As for xla/lazy tensors (meta_utils special-cases those by device name): the
-            # functional wrapper is the tensor; its inner TpuTensorImpl is an implementation
-            # detail. Describe the wrapper as a plain dense tensor.
-            is_functional = torch._is_functional_tensor
-            torch._is_functional_tensor = lambda x: False if x is t else is_functional(x)
-            try:
-                desc = original(self, t, recurse=recurse, trace=trace)
-            finally:
-                torch._is_functional_tensor = is_functional
-            return dataclasses.replace(desc, is_functional=False)
-
-        meta_utils.MetaTensorDescriber.describe_tensor = describe_tensor
-        _fake_patched = True
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,109 +154,57 @@ class _BucketedGraph:
     """A graph with symbolic sizes: each call runs the graph rewritten for its sizes' bucket
     (torchtpu/_buckets.py), or the exact graph when the rewrite does not apply."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, symbols: list, saved_specs: dict, num_user_outputs):
-        self.gm = gm
+    def __init__(self, graph: _buckets.DynamicGraph, name: str, saved_specs: dict, num_user_outputs):
+        self.graph = graph
         self.name = name
-        self.exact = _CompiledGraph(gm, name)
+        self.exact = _CompiledGraph(graph.gm, name)
         self.stats = self.exact.stats
-        self.symbols = symbols
         self.saved_specs = saved_specs  # bucket key -> {forward output name: padding spec}
         self.num_user_outputs = num_user_outputs
-        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.outputs = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
-        self.variants: dict[tuple, object] = {}
+        self.variants: dict[tuple, tuple | None] = {}  # bucket key -> (_CompiledGraph, Padded)
         self.reasons: dict[tuple, str] = {}
 
-    def _reals(self, args) -> dict:
-        for a in args:  # tensors a bucketed forward saved for this backward know the sizes
-            real = getattr(a, _buckets._REAL_ATTR, None) if isinstance(a, torch.Tensor) else None
-            if real is not None:
-                return dict(real)
-        reals = {}
-        for p, a in zip(self.placeholders, args):
-            v = _buckets._val(p)
-            if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and isinstance(a, int):
-                reals[v.node.expr.name] = a
-        seen = {}
-        for p, a in zip(self.placeholders, args):  # the smallest size seen: the real one
-            v = _buckets._val(p)
-            if isinstance(v, torch.Tensor) and isinstance(a, torch.Tensor):
-                for e, size in zip(v.shape, a.shape):
-                    e = _buckets._expr(e)
-                    if e is not None and e.is_Symbol and e.name not in reals:
-                        seen[e.name] = min(size, seen.get(e.name, size))
-        return {**seen, **reals}
-
-    def _variant(self, key, buckets):
+    def _variant(self, sizes: _buckets.Sizes):
+        key = sizes.key
         if key not in self.variants:
             try:
-                names = [o.name if isinstance(o, torch.fx.Node) else None for o in self.outputs]
-                gm, specs, out_specs = _buckets.rewrite(self.gm, buckets, self.symbols,
-                                                            self.saved_specs.get(key, {}))
+                padded = self.graph.rewrite(sizes, self.saved_specs.get(key, {}))
                 if self.name == "forward":
-                    self.saved_specs[key] = {nm: sp for nm, sp in zip(names, out_specs) if nm and sp is not None}
-                self.variants[key] = (_CompiledGraph(gm, self.name), specs, out_specs)
+                    self.saved_specs[key] = padded.output_specs_by_name
+                self.variants[key] = (_CompiledGraph(padded.gm, self.name), padded)
             except _buckets.NoBucket as e:
                 self.variants[key] = None
                 self.reasons[key] = str(e)
-                bucket_fallbacks.append(f"{self.name} graph at sizes {buckets}: {e}")
+                bucket_fallbacks.append(f"{self.name} graph at sizes {sizes.bucket}: {e}")
         return self.variants[key]
 
     def __call__(self, *args):
-        pol = _buckets.policy()
-        if pol is None or not self.symbols or _C.get_mode() != "fused":
+        sizes = self.graph.sizes(args) if _C.get_mode() == "fused" else None
+        if sizes is None:
             return self.exact(*args)
-        reals = self._reals(args)
-        if any(s not in reals for s in self.symbols):
-            return self.exact(*args)
-        if isinstance(pol, list) and any(reals[s] > pol[-1] for s in self.symbols):
-            return self.exact(*args)  # above the largest configured bucket
-        buckets = {s: _buckets.bucket_of(reals[s], pol) for s in self.symbols}
-        key = tuple(buckets[s] for s in self.symbols)
-        variant = self._variant(key, buckets)
+        variant = self._variant(sizes)
         if variant is None:
-            if any(isinstance(a, torch.Tensor) and hasattr(a, _buckets._REAL_ATTR) for a in args):
+            if _buckets.carries_sizes(args):
                 raise RuntimeError(
-                    f"torchtpu: the {self.name} graph cannot run padded ({self.reasons[key]}) but its forward "
-                    "did; set TORCHTPU_BUCKETS=off to compile each size exactly")
+                    f"torchtpu: the {self.name} graph cannot run padded ({self.reasons[sizes.key]}) but its "
+                    "forward did; set TORCHTPU_BUCKETS=off to compile each size exactly")
             return self.exact(*args)
-        compiled, specs, out_specs = variant
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
-        new_args = []
-        for p, a in zip(self.placeholders, args):
-            v = _buckets._val(p)
-            if isinstance(v, torch.SymInt):
-                new_args.append(_buckets._eval(v.node.expr, buckets))
-            elif isinstance(a, torch.Tensor) and p.name in specs:
-                new_args.append(_buckets.pad(a, specs[p.name], reals))
-            else:
-                new_args.append(a)
-        new_args.append(torch.tensor([reals[s] for s in self.symbols], dtype=torch.int64).to(device))
-        out = list(compiled(*new_args))
-        users = len(out) if self.num_user_outputs is None else self.num_user_outputs
-        for i, (o, node) in enumerate(zip(out, self.outputs)):
-            v = _buckets._val(node)
-            if isinstance(v, torch.SymInt):
-                out[i] = _buckets._eval(v.node.expr, reals)
-            elif isinstance(o, torch.Tensor) and _buckets._any_padded(out_specs[i]):
-                if i < users:
-                    out[i] = _buckets.unpad(o, out_specs[i], reals)
-                else:
-                    setattr(o, _buckets._REAL_ATTR, reals)
-        return out
+        compiled, padded = variant
+        out = compiled(*padded.prepare(args, sizes))
+        return padded.finish(out, sizes, self.num_user_outputs)
 
 
 def _make_compiler(name: str, saved_specs: dict):
     def compile_fx(gm: torch.fx.GraphModule, example_inputs):
         global fx_graphs_compiled
-        symbols = _buckets.graph_symbols(gm)
-        if symbols:
+        graph = _buckets.DynamicGraph(gm)
+        if graph.symbols:
             users = None
             if name == "forward":
                 ctx = torch._guards.TracingContext.try_get()
                 meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
                 users = getattr(meta, "num_forward", None)
-            compiled = _BucketedGraph(gm, name, symbols, saved_specs, users)
+            compiled = _BucketedGraph(graph, name, saved_specs, users)
         else:
             compiled = _CompiledGraph(gm, name)
         fx_graphs_compiled += 1
@@ -320,8 +227,6 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
-    _patch_fakeification()
-
     saved_specs: dict = {}  # the forward's saved tensors' padding, for the backward
 
     def boxed(name):
@@ -340,57 +245,3 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         keep_inference_input_mutations=False,
     )
     return backend(gm, example_inputs, **kwargs)
-
-
-# Importing this module (torch.compile(backend="tpu") does, through the entry point) also
-# prepares fakeification, which Dynamo needs before it traces (the backend runs after).
-_patch_fakeification()
-
-
-# ---------------------------------------------------------------------------------------
-# Registration by name, without importing Dynamo eagerly (it takes seconds to import):
-# torchtpu's import installs a finder that registers the backend when Dynamo's backend
-# registry is imported, or registers it at once when Dynamo is already imported.
-
-_REGISTRY = "torch._dynamo.backends.registry"
-
-
-def _on_registry_loaded(registry) -> None:
-    _patch_fakeification()
-    if "tpu" not in registry._COMPILER_FNS:
-        registry.register_backend(compiler_fn=tpu_backend, name="tpu")
-
-
-class _RegistryHook:
-    """A meta path finder that only wraps the loader of Dynamo's backend registry."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != _REGISTRY:
-            return None
-        import importlib.machinery
-        import sys
-
-        sys.meta_path.remove(self)  # one-shot; also avoids finding ourselves below
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-
-        def exec_and_register(module):
-            exec_module(module)
-            _on_registry_loaded(module)
-
-        loader.exec_module = exec_and_register
-        return spec
-
-
-def install_dynamo_hook() -> None:
-    """Makes torch.compile(backend="tpu") resolve without importing Dynamo now."""
-    import sys
-
-    registry = sys.modules.get(_REGISTRY)
-    if registry is not None:
-        _on_registry_loaded(registry)
-    elif not any(isinstance(f, _RegistryHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegistryHook())
