@@ -66,6 +66,7 @@ def _initialize():
     from torchtpu import _patches
 
     _patches.install()
+    __import__("torchtpu.integrations", fromlist=["_"]).install()  # torch fixes; library adapters on import
     __import__("torchtpu.compiler", fromlist=["_"]).install_dynamo_hook()  # torch.compile(backend="tpu")
 
 
