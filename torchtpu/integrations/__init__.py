@@ -15,6 +15,7 @@ import threading
 # module whose import triggers the adapter -> adapter module (its install(module) runs then)
 _ADAPTERS = {
     "safetensors.torch": "torchtpu.integrations.safetensors",
+    "huggingface_hub.serialization._torch": "torchtpu.integrations.huggingface_hub",
     "accelerate.state": "torchtpu.integrations.accelerate",
     "lightning.pytorch.trainer.connectors.accelerator_connector": "torchtpu.integrations.lightning",
     "pytorch_lightning.trainer.connectors.accelerator_connector": "torchtpu.integrations.lightning",

@@ -29,13 +29,10 @@ def _tpu_device(device):
     return device if device.type == "tpu" else None
 
 
-def install(module) -> None:
-    import safetensors
-
-    check_version("safetensors", safetensors.__version__, SUPPORTED, TESTED)
-    storage_ptr, storage_size, end_ptr, is_complete = (
-        module.storage_ptr, module.storage_size, module._end_ptr, module._is_complete)
-    load_file = module.load_file
+def patch_shared_tensor_checks(module, storage_size) -> None:
+    """Teaches a module with safetensors' shared-tensor helpers (storage_ptr, _end_ptr,
+    _is_complete) the tpu device; huggingface_hub carries a copy of them."""
+    storage_ptr, end_ptr, is_complete = module.storage_ptr, module._end_ptr, module._is_complete
 
     @functools.wraps(storage_ptr)
     def tpu_storage_ptr(tensor):
@@ -55,6 +52,18 @@ def install(module) -> None:
             return tensor.nelement() * tensor.element_size() == storage_size(tensor)
         return is_complete(tensor)
 
+    module.storage_ptr = tpu_storage_ptr
+    module._end_ptr = tpu_end_ptr
+    module._is_complete = tpu_is_complete
+
+
+def install(module) -> None:
+    import safetensors
+
+    check_version("safetensors", safetensors.__version__, SUPPORTED, TESTED)
+    patch_shared_tensor_checks(module, module.storage_size)
+    load_file = module.load_file
+
     @functools.wraps(load_file)
     def tpu_load_file(filename, device="cpu", **kwargs):
         target = _tpu_device(device)
@@ -62,7 +71,4 @@ def install(module) -> None:
             return load_file(filename, device=device, **kwargs)
         return {name: tensor.to(target) for name, tensor in load_file(filename, device="cpu", **kwargs).items()}
 
-    module.storage_ptr = tpu_storage_ptr
-    module._end_ptr = tpu_end_ptr
-    module._is_complete = tpu_is_complete
     module.load_file = tpu_load_file
