@@ -12,7 +12,7 @@ import os
 import torch
 
 __version__ = "0.1.0"
-__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics"]
+__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data"]
 
 _VALID_PLATFORMS = ("cpu", "cuda", "tpu")
 
@@ -89,6 +89,7 @@ def _present_platforms():
 _initialize()
 
 from torchtpu import _C  # noqa: E402
+from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
 
 
