@@ -6,9 +6,10 @@ Stopgap: both belong in the device layer (csrc/device) and move there when it is
   result was a raw tpu tensor that in-place ops with ordinary tpu tensors rejected
   ("mutating a non-functional tensor with a functional tensor is not allowed";
   transformers' Trainer accumulates its loss exactly so).
-- record_stream: functionalization rejects ops with alias annotations; tpu buffers need no
-  stream bookkeeping (XLA orders a device's work), so it reaches the tpu kernel unwrapped
-  (DDP's side-stream input copies call it).
+- record_stream: functionalization rejects ops with alias annotations, and tpu has no kernel
+  for it; tpu buffers need no stream bookkeeping (XLA orders a device's work), so it is a
+  no-op on tpu (DDP's side-stream input copies call it); other functional tensors pass it to
+  their own kernel unwrapped.
 
 And one patch of torch.nn.Module._apply (move it into torchtpu/_patches.py with the weight
 re-tying there): module.to("tpu") keeps each Parameter object, as on CUDA. A tpu tensor
@@ -33,6 +34,8 @@ def _lift_fresh(tensor):
 
 
 def _record_stream(tensor, stream):
+    if tensor.device.type == "tpu":
+        return  # a tpu buffer is freed only after the work that uses it: nothing to record
     inner = torch._from_functional_tensor(tensor)
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)):
         inner.record_stream(stream)
