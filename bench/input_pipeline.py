@@ -27,7 +27,7 @@ import torch
 SIZES = {
     # batch, image side, batches per timed pass
     "small": dict(batch=16, side=224, batches=8),
-    "full": dict(batch=128, side=224, batches=20),
+    "full": dict(batch=64, side=224, batches=10),
 }
 
 

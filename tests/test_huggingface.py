@@ -180,3 +180,13 @@ def test_adapter_applies_when_library_is_imported_later():
         print(accelerate.Accelerator().device)
     """)
     assert result.returncode == 0 and result.stdout.strip().endswith("tpu:0"), result.stderr
+
+
+def test_integrations_setting_turns_adapters_off():
+    import utils
+
+    result = utils.run_python("""
+        import torch, accelerate
+        print(accelerate.Accelerator().device, torch.tensor(1.0, device="tpu").device)
+    """, TORCHTPU_INTEGRATIONS="off")
+    assert result.returncode == 0 and result.stdout.split()[-2:] == ["cpu", "tpu:0"], result.stderr

@@ -30,6 +30,7 @@ def _check_dependencies():
 
 def _initialize():
     _check_dependencies()
+    __import__("torchtpu.integrations", fromlist=["_"]).adapters_enabled()  # a bad setting fails before any change
     from torchtpu import _C
 
     requested = os.environ.get("TORCHTPU_PLATFORM", "").strip().lower()

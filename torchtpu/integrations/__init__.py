@@ -3,7 +3,8 @@
 Each adapter applies when its library is imported (or at once, if it already was), so
 importing torch stays as cheap as before. An adapter that has to patch a library checks the
 library's version first and refuses an unchecked one with an error naming the versions it
-knows (TORCHTPU_INTEGRATIONS=off turns every adapter off).
+knows (TORCHTPU_INTEGRATIONS=off turns every library adapter off; the fixes of torch's own
+code paths in pytorch.py always apply).
 """
 import importlib
 import importlib.abc
@@ -48,7 +49,8 @@ def _release(version: str) -> tuple:
     return tuple(numbers + [0] * (3 - len(numbers)))
 
 
-def _enabled() -> bool:
+def adapters_enabled() -> bool:
+    """Reads TORCHTPU_INTEGRATIONS; torchtpu checks it first thing at start-up."""
     value = os.environ.get(_SETTING, "on").strip().lower() or "on"
     if value not in ("on", "off"):
         raise ValueError(f"{_SETTING}={value!r} is not valid; use 'on' (the default) or 'off'")
@@ -108,11 +110,11 @@ _finder = _AdapterFinder()
 
 def install() -> None:
     """Applies torch's own fixes now and every library adapter when its library loads."""
-    if not _enabled():
-        return
     from torchtpu.integrations import pytorch
 
     pytorch.install()
+    if not adapters_enabled():
+        return
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
     for name in _ADAPTERS:
