@@ -64,6 +64,9 @@ def run_trainer(make, tmp_path, use_cpu):
     AcceleratorState._reset_state(reset_partial_state=True)
     torch.manual_seed(0)
     model, data = make()
+    model.batch_devices = set()
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: module.batch_devices.add(kwargs["input_ids"].device.type), with_kwargs=True)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / ("cpu" if use_cpu else "tpu")), per_device_train_batch_size=4,
         max_steps=STEPS, logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no",
@@ -81,6 +84,7 @@ def test_trainer_runs_on_tpu_like_cpu(make, tmp_path_factory):
 
     assert cpu_trainer.args.device.type == "cpu"
     assert all(p.device.type == "cpu" for p in cpu_trainer.model.parameters())
+    assert cpu_trainer.model.batch_devices == {"cpu"} and tpu_trainer.model.batch_devices == {"tpu"}
     assert tpu_trainer.args.device == torch.device("tpu:0")
     assert tpu_trainer.accelerator.device == torch.device("tpu:0")
     assert all(p.device.type == "tpu" for p in tpu_trainer.model.parameters())
