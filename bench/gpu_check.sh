@@ -99,19 +99,23 @@ fi
 BENCH=("$PY" bench/run.py --size "$SIZE" --warmup 2 --repeats 5 --child-timeout 120 ${EXTRA_ARGS:-})
 
 stage "bench: GPT-2 124M bf16, all variants"
-timeout "$(limit 200)" "${BENCH[@]}" --models gpt --skip firststep,scaling --tag gpt
+timeout "$(limit 200)" "${BENCH[@]}" --models gpt --skip firststep,scaling,input --tag gpt
 record bench-gpt $?
 
 stage "bench: ResNet-50, all variants"
-timeout "$(limit 150)" "${BENCH[@]}" --models resnet --skip firststep,scaling,perop --tag resnet
+timeout "$(limit 150)" "${BENCH[@]}" --models resnet --skip firststep,scaling,perop,input --tag resnet
 record bench-resnet $?
 
 stage "bench: first step cold / warm cache (GPT fused)"
-timeout "$(limit 100)" "${BENCH[@]}" --models gpt --skip main,scaling,perop --firststep gpt:tpu-fused --tag firststep
+timeout "$(limit 100)" "${BENCH[@]}" --models gpt --skip main,scaling,perop,input --firststep gpt:tpu-fused --tag firststep
 record bench-firststep $?
+
+stage "bench: input pipeline, prefetch vs none"
+timeout "$(limit 90)" "${BENCH[@]}" --models gpt --skip main,firststep,scaling,perop --tag input
+record bench-input $?
 
 if (( DEADLINE_S - $(elapsed) > 60 )); then
   stage "bench: LM scaling (fused), with what time is left"
-  timeout "$(limit 200)" "${BENCH[@]}" --models gpt --variants tpu-fused --skip main,firststep,perop --tag scaling
+  timeout "$(limit 200)" "${BENCH[@]}" --models gpt --variants tpu-fused --skip main,firststep,perop,input --tag scaling
   record bench-scaling $?
 fi

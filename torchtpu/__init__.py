@@ -12,7 +12,7 @@ import os
 import torch
 
 __version__ = "0.1.0"
-__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics"]
+__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data"]
 
 _VALID_PLATFORMS = ("cpu", "cuda", "tpu")
 
@@ -30,6 +30,7 @@ def _check_dependencies():
 
 def _initialize():
     _check_dependencies()
+    __import__("torchtpu.integrations", fromlist=["_"]).adapters_enabled()  # a bad setting fails before any change
     from torchtpu import _C
 
     requested = os.environ.get("TORCHTPU_PLATFORM", "").strip().lower()
@@ -66,6 +67,7 @@ def _initialize():
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
     )
+    __import__("torchtpu.integrations", fromlist=["_"]).install()  # torch fixes; library adapters on import
     # torch.compile(backend="tpu") finds torchtpu.compiler through the torch_dynamo_backends
     # entry point (pyproject.toml): nothing to register here, and Dynamo stays unimported.
 
@@ -89,6 +91,7 @@ def _present_platforms():
 _initialize()
 
 from torchtpu import _C  # noqa: E402
+from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
 
 

@@ -1,7 +1,30 @@
-"""torch.tpu: the device module PyTorch looks up for the "tpu" device."""
-import torch
+"""torch.tpu: the device module PyTorch, torch.accelerator and libraries look up for "tpu".
+
+It offers what code written for torch.cuda reaches for. Streams and events are logical: XLA
+runs the work of one device in the order it was issued, so every stream of a device is one
+queue; waiting between streams is always satisfied, and synchronizing waits for the device.
+Only the names below are public (tests/test_device_module.py lists them).
+"""
+import itertools as _itertools
+import threading as _threading
+import time as _time
+
+import torch as _torch
 
 from torchtpu import _C
+from torchtpu import _device_facts
+
+__all__ = [
+    "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_stream", "device",
+    "device_count", "empty_cache", "get_amp_supported_dtype", "get_device_name", "get_device_properties",
+    "get_rng_state", "get_rng_state_all", "initial_seed", "is_available", "is_bf16_supported",
+    "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved",
+    "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "reset_max_memory_allocated",
+    "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
+    "set_stream", "stream", "synchronize",
+]
+
+_PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, the type torch.Stream/torch.Event carry for "tpu"
 
 
 def is_available() -> bool:
@@ -33,9 +56,11 @@ def _index(device) -> int:
         return _C.current_device()
     if isinstance(device, int):
         return device
-    device = torch.device(device)
+    if isinstance(device, (Stream, Event)):
+        return device.device_index
+    device = _torch.device(device)
     if device.type != "tpu":
-        raise ValueError(f"expected a tpu device, got {device}")
+        raise ValueError(f"Expected a tpu device, but got: {device}")
     return _C.current_device() if device.index is None else device.index
 
 
@@ -64,6 +89,8 @@ def synchronize(device=None) -> None:
     _C.sync(True)
 
 
+# ---- random numbers ---------------------------------------------------------------------
+
 def manual_seed(seed: int) -> None:
     _C.manual_seed(_C.current_device(), int(seed) & 0xFFFFFFFFFFFFFFFF)
 
@@ -86,13 +113,27 @@ def initial_seed() -> int:
     return _C.initial_seed(_C.current_device())
 
 
-def get_rng_state(device=None) -> torch.Tensor:
+def get_rng_state(device=None) -> _torch.Tensor:
     return _C.default_generator(_index(device)).get_state()
 
 
-def set_rng_state(state: torch.Tensor, device=None) -> None:
+def set_rng_state(state: _torch.Tensor, device=None) -> None:
     _C.default_generator(_index(device)).set_state(state)
 
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(index) for index in range(_C.device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for index, state in enumerate(states):
+        set_rng_state(state, index)
+
+
+# ---- memory -----------------------------------------------------------------------------
+# "allocated" counts the bytes of live tpu buffers (torchtpu's own count). "reserved" is what
+# the platform's allocator holds (PJRT's pool on GPU/TPU); the CPU platform keeps no pool, so
+# there it equals allocated.
 
 def memory_allocated(device=None) -> int:
     """Bytes held by live tpu tensors on the device."""
@@ -103,13 +144,270 @@ def max_memory_allocated(device=None) -> int:
     return _C.max_memory_allocated(_index(device))
 
 
+def memory_reserved(device=None) -> int:
+    """Bytes the device's allocator holds (at least memory_allocated)."""
+    index = _index(device)
+    stats = _device_facts.allocator_stats(index)
+    return max(stats.get("pool_bytes", stats.get("bytes_reserved", 0)), _C.memory_allocated(index))
+
+
+def max_memory_reserved(device=None) -> int:
+    index = _index(device)
+    stats = _device_facts.allocator_stats(index)
+    peak = stats.get("peak_pool_bytes", stats.get("peak_bytes_reserved", 0))
+    return max(peak, memory_reserved(index), _C.max_memory_allocated(index))
+
+
 def reset_peak_memory_stats(device=None) -> None:
+    """Restarts max_memory_allocated from the current value (PJRT's own peaks cannot be reset)."""
     _C.reset_peak_memory(_index(device))
 
 
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_stats(device=None) -> dict:
+    """torch.cuda.memory_stats' main keys, plus the platform allocator's own numbers."""
+    index = _index(device)
+    stats = {
+        "allocated_bytes.all.current": memory_allocated(index),
+        "allocated_bytes.all.peak": max_memory_allocated(index),
+        "reserved_bytes.all.current": memory_reserved(index),
+        "reserved_bytes.all.peak": max_memory_reserved(index),
+    }
+    for key, value in _device_facts.allocator_stats(index).items():
+        stats[f"device.{key}"] = value
+    return stats
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of device memory: the host's memory on the CPU platform."""
+    index = _index(device)
+    stats = _device_facts.allocator_stats(index)
+    if "bytes_limit" in stats:
+        total = int(stats["bytes_limit"])
+        return max(total - int(stats.get("bytes_in_use", 0)), 0), total
+    return _device_facts.host_memory()
+
+
+def empty_cache() -> None:
+    """Runs pending work and waits for it, so buffers that only pending work still held are
+    freed. torchtpu keeps no pool of freed memory of its own: a buffer is released as soon as
+    no tensor uses it."""
+    _C.sync(True)
+
+
+# ---- device facts -----------------------------------------------------------------------
+
+class _DeviceProperties:
+    __slots__ = ("name", "platform", "index", "total_memory")
+
+    def __init__(self, name, platform, index, total_memory):
+        self.name, self.platform, self.index, self.total_memory = name, platform, index, total_memory
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', index={self.index}, "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB)")
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    index = _index(device)
+    _check_index(index)
+    return _DeviceProperties(get_device_name(index), _C.platform(), index, mem_get_info(index)[1])
+
+
+def get_device_name(device=None) -> str:
+    """The device's kind as XLA names it ("TPU v5 lite", "NVIDIA H200", "cpu")."""
+    index = _index(device)
+    _check_index(index)
+    return _device_facts.device_kind(index)
+
+
+def _check_index(index: int) -> None:
+    if not 0 <= index < _C.device_count():
+        raise AssertionError("Invalid device id")  # torch.cuda's type and wording
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 runs on every XLA platform (natively on TPU)."""
+    return is_available()
+
+
 def get_amp_supported_dtype():
-    return [torch.bfloat16, torch.float16]
+    return [_torch.bfloat16, _torch.float16]
 
 
 def _is_autocast_enabled() -> bool:
-    return torch.is_autocast_enabled("tpu")
+    return _torch.is_autocast_enabled("tpu")
+
+
+# ---- streams and events -----------------------------------------------------------------
+
+_stream_ids = _itertools.count(1)  # 0 is the default stream, the one torch.accelerator reports
+_current = _threading.local()      # .streams: {device index: Stream}, per thread as on CUDA
+
+
+class Stream(_torch.Stream):
+    """A tpu stream: a name for the device's one ordered queue of work.
+
+    wait_stream / wait_event are satisfied at once (work on a device runs in issue order);
+    synchronize() and query() wait until the device has finished all work issued so far.
+    """
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs:  # rebuilt from (stream_id, device_index, device_type)
+            return super().__new__(cls, priority=priority, **kwargs)
+        index = _index(device)
+        _check_index(index)
+        return super().__new__(cls, stream_id=next(_stream_ids), device_index=index,
+                               device_type=_PRIVATEUSE1, priority=priority)
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        # XLA offers no completion probe here: wait, then the answer is exact.
+        self.synchronize()
+        return True
+
+    def synchronize(self) -> None:
+        _C.sync(True)
+
+    def __enter__(self):
+        self._context = StreamContext(self)
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
+    def __repr__(self):
+        return f"<torch.tpu.Stream device=tpu:{self.device_index} stream_id={self.stream_id}>"
+
+
+def _as_tpu_stream(stream) -> Stream:
+    if isinstance(stream, Stream):
+        return stream
+    if stream.device_type != _PRIVATEUSE1:
+        raise ValueError(f"Expected a tpu stream, but got: {stream}")
+    return Stream(stream_id=stream.stream_id, device_index=stream.device_index, device_type=_PRIVATEUSE1)
+
+
+def default_stream(device=None) -> Stream:
+    index = _index(device)
+    return Stream(stream_id=0, device_index=index, device_type=_PRIVATEUSE1)
+
+
+def current_stream(device=None) -> Stream:
+    index = _index(device)
+    streams = getattr(_current, "streams", None)
+    if streams and index in streams:
+        return streams[index]
+    return default_stream(index)
+
+
+def set_stream(stream) -> None:
+    """Makes `stream` current on its device (for this thread)."""
+    if stream is None:
+        return
+    stream = _as_tpu_stream(stream)
+    if not hasattr(_current, "streams"):
+        _current.streams = {}
+    _current.streams[stream.device_index] = stream
+
+
+class StreamContext:
+    """Makes a stream current (and its device) for the block, then restores both."""
+
+    def __init__(self, stream):
+        self.stream = None if stream is None else _as_tpu_stream(stream)
+        self.previous_stream = None
+        self.previous_device = None
+
+    def __enter__(self):
+        if self.stream is None:
+            return None
+        self.previous_device = _C.current_device()
+        self.previous_stream = current_stream(self.stream.device_index)
+        _C.set_device(self.stream.device_index)
+        set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.stream is not None:
+            set_stream(self.previous_stream)
+            _C.set_device(self.previous_device)
+        return False
+
+
+def stream(stream) -> StreamContext:
+    """with torch.tpu.stream(s): ... runs the block with s current (None: no change)."""
+    return StreamContext(stream)
+
+
+class Event(_torch.Event):
+    """A point in a device's work. record() marks it (without flushing fused work);
+    synchronize() waits until the device finished everything issued before; elapsed_time()
+    needs enable_timing=True, whose record() waits for the device to time the point exactly."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        if interprocess:
+            raise ValueError("torchtpu: interprocess events are not supported on tpu")
+        return super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking)
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self._recorded = False
+        self._finished = False
+        self._time = None
+        self._device_index = _C.current_device()
+
+    @property
+    def device_index(self) -> int:
+        return self._device_index
+
+    def record(self, stream=None) -> "Event":
+        stream = current_stream() if stream is None else _as_tpu_stream(stream)
+        self._device_index = stream.device_index
+        self._recorded = True
+        self._finished = False
+        self._time = None
+        if self.enable_timing:
+            _C.sync(True)
+            self._time = _time.perf_counter()
+            self._finished = True
+        return self
+
+    def wait(self, stream=None) -> None:
+        pass  # work issued after this on any stream of the device already runs after it
+
+    def query(self) -> bool:
+        self.synchronize()
+        return True
+
+    def synchronize(self) -> None:
+        if self._recorded and not self._finished:
+            _C.sync(True)
+            self._finished = True
+
+    def elapsed_time(self, end_event) -> float:
+        """Milliseconds between this event and end_event."""
+        if not (self.enable_timing and getattr(end_event, "enable_timing", False)):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if not (self._recorded and end_event._recorded):
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._time - self._time) * 1000.0
+
+    def __repr__(self):
+        return f"<torch.tpu.Event device=tpu:{self._device_index} recorded={self._recorded}>"

@@ -1,0 +1,15 @@
+"""huggingface_hub: save_torch_state_dict / save_torch_model (transformers' save_pretrained
+shards through it) of tpu tensors. The hub carries its own copy of safetensors'
+shared-tensor helpers; they learn the tpu device the same way (see safetensors.py)."""
+from torchtpu.integrations import check_version
+from torchtpu.integrations.safetensors import patch_shared_tensor_checks
+
+SUPPORTED = ("0.30", "2.5")
+TESTED = "2.4.0"
+
+
+def install(module) -> None:
+    import huggingface_hub
+
+    check_version("huggingface_hub", huggingface_hub.__version__, SUPPORTED, TESTED)
+    patch_shared_tensor_checks(module, module.get_torch_storage_size)
