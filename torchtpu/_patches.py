@@ -224,27 +224,30 @@ def _move(obj, device):
 
 @patch("module.to")
 def _patch_module_apply():
-    # module.to("tpu") builds new Parameters (a tpu tensor cannot take over a CPU tensor's
-    # storage in place), which would untie weights shared between modules (tied embeddings).
-    # Re-tie them after the move, as CUDA users get for free.
+    # module.to("tpu") must keep each Parameter object, as on CUDA: an optimizer built before
+    # the move (accelerate's prepare(model, optimizer), or plain user code) holds them. A tpu
+    # tensor cannot take over a CPU tensor's storage in place (param.data = ...), so for
+    # conversions that touch tpu, PyTorch's own swap path (torch.__future__.
+    # set_swap_module_params_on_conversion) swaps the moved tensor into the existing
+    # Parameter. The flag is process-global; it is on only for the duration of the call, and
+    # swapping is also correct for any CPU module another thread converts meanwhile.
+    # A parameter that cannot be swapped (something holds a weak reference to it, e.g. a
+    # compiled graph) gets a new Parameter object; weights shared between modules (tied
+    # embeddings) are then re-tied after the move.
     original = checked("module.to", torch.nn.Module, "_apply", params=("self", "fn", "recurse"),
                        reads=("_parameters",))
+    future = torch.__future__
+    for name in ("get_swap_module_params_on_conversion", "set_swap_module_params_on_conversion"):
+        checked("module.to", future, name)
     state = threading.local()
 
-    @functools.wraps(original)
-    def _apply(self, fn, recurse=True):
-        if getattr(state, "active", False):
-            return original(self, fn, recurse)
+    def plain_apply_retied(module_, fn, recurse):
         holders = {}
-        for module in self.modules():
+        for module in module_.modules():
             for name, param in module._parameters.items():
                 if param is not None:
                     holders.setdefault(id(param), []).append((module, name))
-        state.active = True
-        try:
-            result = original(self, fn, recurse)
-        finally:
-            state.active = False
+        result = original(module_, fn, recurse)
         for places in holders.values():
             if len(places) > 1:
                 first_module, first_name = places[0]
@@ -253,7 +256,40 @@ def _patch_module_apply():
                     module._parameters[name] = shared
         return result
 
+    @functools.wraps(original)
+    def _apply(self, fn, recurse=True):
+        if getattr(state, "active", False) or future.get_swap_module_params_on_conversion() \
+                or not _touches_tpu(self, fn):
+            return original(self, fn, recurse)
+        state.active = True
+        try:
+            future.set_swap_module_params_on_conversion(True)
+            try:
+                return original(self, fn, recurse)
+            except RuntimeError as error:
+                if "Couldn't swap" not in str(error):
+                    raise
+            finally:
+                future.set_swap_module_params_on_conversion(False)
+            return plain_apply_retied(self, fn, recurse)
+        finally:
+            state.active = False
+
     _replace(torch.nn.Module, "_apply", _apply)
+
+
+def _touches_tpu(module, fn) -> bool:
+    for tensor in module.parameters():
+        return tensor.device.type == "tpu" or _maps_to_tpu(fn)
+    return any(b.device.type == "tpu" for b in module.buffers()) or _maps_to_tpu(fn)
+
+
+def _maps_to_tpu(fn) -> bool:
+    try:
+        probe = fn(torch.empty(0))  # conversions are elementwise; an empty probe costs nothing
+    except Exception:
+        return False
+    return isinstance(probe, torch.Tensor) and probe.device.type == "tpu"
 
 
 # ---------------------------------------------------------------------------------------

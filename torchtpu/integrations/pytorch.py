@@ -11,17 +11,8 @@ Stopgap: both belong in the device layer (csrc/device) and move there when it is
   no-op on tpu (DDP's side-stream input copies call it); other functional tensors pass it to
   their own kernel unwrapped.
 
-And one patch of torch.nn.Module._apply (move it into torchtpu/_patches.py with the weight
-re-tying there): module.to("tpu") keeps each Parameter object, as on CUDA. A tpu tensor
-cannot take over a CPU tensor's storage in place (param.data = ...), so PyTorch made new
-Parameter objects, and an optimizer built before the move (accelerate's prepare(model,
-optimizer), or plain user code) silently kept updating the old CPU ones. For conversions
-that touch tpu, PyTorch's own swap path (torch.__future__.set_swap_module_params_on_
-conversion) swaps the moved tensor into the existing Parameter instead.
+(module.to keeping Parameter objects is the "module.to" patch in torchtpu/_patches.py.)
 """
-import functools
-import threading
-
 import torch
 
 _library = None
@@ -41,46 +32,6 @@ def _record_stream(tensor, stream):
         inner.record_stream(stream)
 
 
-def _touches_tpu(module, fn) -> bool:
-    for tensor in module.parameters():
-        return tensor.device.type == "tpu" or _maps_to_tpu(fn)
-    return any(b.device.type == "tpu" for b in module.buffers()) or _maps_to_tpu(fn)
-
-
-def _maps_to_tpu(fn) -> bool:
-    try:
-        probe = fn(torch.empty(0))  # conversions are elementwise; an empty probe costs nothing
-    except Exception:
-        return False
-    return isinstance(probe, torch.Tensor) and probe.device.type == "tpu"
-
-
-def _patch_module_apply() -> None:
-    original = torch.nn.Module._apply
-    state = threading.local()
-
-    @functools.wraps(original)
-    def _apply(self, fn, recurse=True):
-        if getattr(state, "active", False) or torch.__future__.get_swap_module_params_on_conversion() \
-                or not _touches_tpu(self, fn):
-            return original(self, fn, recurse)
-        state.active = True
-        torch.__future__.set_swap_module_params_on_conversion(True)
-        try:
-            return original(self, fn, recurse)
-        except RuntimeError as error:
-            if "Couldn't swap" not in str(error):
-                raise
-        finally:
-            torch.__future__.set_swap_module_params_on_conversion(False)
-            state.active = False
-        # A parameter that cannot be swapped (something holds a weak reference to it, e.g. a
-        # compiled graph) gets a new Parameter object, as before; those already moved stay.
-        return original(self, fn, recurse)
-
-    torch.nn.Module._apply = _apply
-
-
 def install() -> None:
     global _library
     if _library is not None:
@@ -88,4 +39,3 @@ def install() -> None:
     _library = torch.library.Library("aten", "IMPL")
     _library.impl("lift_fresh", _lift_fresh, "PrivateUse1")
     _library.impl("record_stream", _record_stream, "Functionalize")
-    _patch_module_apply()
