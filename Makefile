@@ -83,6 +83,31 @@ test: install
 bench: install
 	$(PY) bench/run.py
 
+# The GPU image's torch 2.11 with the development jax, in a venv and build folder of their own:
+# pip installs the package there (--no-build-isolation, so against that venv's torch) and a
+# fast subset of the tests runs outside the source tree. Not part of `make test`: the first
+# run downloads torch 2.11 (a CUDA build, GBs) and compiles everything once.
+T211_DIR   := build/torch211
+T211_PY    := $(T211_DIR)/venv/bin/python
+T211_TESTS ?= tests/test_smoke.py tests/test_device.py tests/ops/test_shape.py \
+  tests/test_packaging.py::test_version_guard_messages \
+  tests/test_packaging.py::test_version_guard_raises_before_loading_core \
+  tests/test_packaging.py::test_report_exits_nonzero_with_the_fix
+
+$(T211_PY):
+	$(PYTHON_BOOT) -m venv $(T211_DIR)/venv
+
+$(T211_DIR)/.deps: tools/constraints-torch211.txt | $(T211_PY)
+	$(T211_PY) -m pip install -q --upgrade pip
+	$(T211_PY) -m pip install -q torch 'jax[cpu]' jaxlib numpy pytest 'setuptools>=70.1' \
+	  -c tools/constraints-torch211.txt
+	touch $@
+
+check-torch211: $(T211_DIR)/.deps
+	TORCHTPU_BUILD_DIR=$(T211_DIR) $(T211_PY) -m pip install -q --no-deps --no-build-isolation \
+	  --force-reinstall .
+	cd $(T211_DIR) && venv/bin/python -m pytest -q -p no:cacheprovider $(addprefix $(CURDIR)/,$(T211_TESTS))
+
 clean:
 	rm -rf build dist torchtpu/_C*.so torchtpu/_build_info.py
 

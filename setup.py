@@ -43,8 +43,12 @@ class MakeExtension(build_ext):
     def build_extension(self, ext):
         package_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
         jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
+        # Objects go to build/ (shared with `make build`) unless TORCHTPU_BUILD_DIR names a
+        # folder of their own, as `make check-torch211` does for another torch release.
+        build_dir = os.environ.get("TORCHTPU_BUILD_DIR") or "build"
         subprocess.run(["make", "--no-print-directory", "extension", f"PY={sys.executable}",
-                        f"PACKAGE_DIR={package_dir}", f"JOBS={jobs}"], cwd=ROOT, check=True)
+                        f"BUILD_DIR={build_dir}", f"PACKAGE_DIR={package_dir}", f"JOBS={jobs}"],
+                       cwd=ROOT, check=True)
 
     def copy_extensions_to_source(self):
         # Editable installs: setuptools copies _C into the source package; _build_info.py
