@@ -63,6 +63,9 @@ jax = f"jax{versions.JAX_REQUIREMENT}"
 setup(
     ext_modules=[Extension("torchtpu._C", sources=[])],
     cmdclass={"build_ext": MakeExtension},
+    # Keeps torchtpu.egg-info out of the source root, where PYTHONPATH=<checkout> would
+    # make pip and importlib.metadata take it for an installed torchtpu.
+    options={"egg_info": {"egg_base": "build"}},
     install_requires=[torch_requirement(), jax, f"jaxlib{versions.JAX_REQUIREMENT}"],
     extras_require={extra: [f"jax[{jax_extra}]{versions.JAX_REQUIREMENT}"]
                     for extra, jax_extra in versions.JAX_EXTRAS.items()},

@@ -54,7 +54,7 @@ def keep_only(folder: Path, name: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for entry in folder.iterdir():
         if entry.name != name:
-            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     return folder / name
 
 
@@ -101,11 +101,12 @@ def venv(wheel, tmp_path_factory) -> Path:
         run([sys.executable, "-m", "venv", str(path)], 300)
     installed = path / "installed-wheel"
     if not installed.exists() or installed.read_text() != wheel.parent.name:
-        run([python, "-m", "pip", "uninstall", "-q", "-y", "torchtpu"], 300)
+        elsewhere = dict(cwd=tmp_path_factory.mktemp("install"), env=clean_env())
+        run([python, "-m", "pip", "uninstall", "-q", "-y", "torchtpu"], 300, **elsewhere)
         # --no-compile: byte-compiling torch's thousands of files doubles the install time;
         # Python compiles what it imports anyway.
         run([python, "-m", "pip", "install", "-q", "--no-compile", f"{wheel}[cpu]",
-             "-c", str(ROOT / "constraints.txt")], 1200, cwd=tmp_path_factory.mktemp("install"))
+             "-c", str(ROOT / "constraints.txt")], 1200, **elsewhere)
         installed.write_text(wheel.parent.name)
     return python
 
