@@ -83,6 +83,13 @@ def check_versions() -> None:
     import torch
 
     found = problems(torch.__version__, built_torch_version(), installed("jax"), installed("jaxlib"))
+    if not found:
+        try:  # installed is not importable: a broken install, or a folder named jax in the way
+            import jax  # noqa: F401
+            import jaxlib  # noqa: F401
+        except ImportError as error:
+            found.append(f"torchtpu needs jax and jaxlib, and importing them failed ({error}). "
+                         f"Fix: {jax_install_command()}")
     if found:
         from torchtpu._report import exit_if_reporting
 
