@@ -59,6 +59,7 @@ class MakeExtension(build_ext):
 
 
 versions = load_versions()
+os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)  # egg_base below must exist
 jax = f"jax{versions.JAX_REQUIREMENT}"
 setup(
     ext_modules=[Extension("torchtpu._C", sources=[])],
