@@ -116,7 +116,9 @@ def test_wheel_carries_compiled_core_and_pins(wheel):
         names = archive.namelist()
         build_info = archive.read("torchtpu/_build_info.py").decode()
     assert any(re.fullmatch(r"torchtpu/_C\.cpython-\d+-.*\.so", name) for name in names), names
-    assert "torchtpu/__main__.py" in names and "torchtpu_autoload.py" in names
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "torchtpu").rglob("*.py") if p.name != "_build_info.py"}
+    assert modules <= set(names), f"not in the wheel: {modules - set(names)}"
+    assert "torchtpu_autoload.py" in names
     assert re.search(r"-cp\d+-cp\d+-linux_\w+\.whl$", wheel.name), "a compiled wheel is platform-specific"
 
     # The build environment's torch is the one pyproject.toml pins; the wheel requires its minor.
