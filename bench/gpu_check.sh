@@ -67,13 +67,10 @@ command -v ccache || true
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   stage "build (system python, no venv)"
-  # The Makefile's `build` target would create a venv (build/config.mk depends on the
-  # venv's deps stamp), so write config.mk with this python and tell make (-o) to treat it
-  # as up to date; then build only the extension.
-  EXT=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-  rm -rf build torchtpu/_C*.so
-  timeout "$(limit 240)" bash -c "'$PY' tools/build_flags.py build/config.mk && \
-    make -o build/config.mk -j$JOBS PY='$PY' torchtpu/_C$EXT"
+  # `make extension` compiles with this python's torch and creates no venv (`make build`
+  # would install the pinned dependencies into .venv first).
+  rm -rf build torchtpu/_C*.so torchtpu/_build_info.py
+  timeout "$(limit 240)" make extension PY="$PY" JOBS="$JOBS"
   rc=$?; record build $rc
   ls -la torchtpu/_C*.so || true
 fi
@@ -87,6 +84,10 @@ print('matmul ok', float(y), float((x.cpu() @ x.cpu()).sum()))
 print(torchtpu.metrics.report())
 "
 record import $?
+
+stage "python -m torchtpu (versions, platform, devices)"
+timeout "$(limit 60)" "$PY" -m torchtpu
+record report $?
 
 if [ "${SKIP_TESTS:-0}" != 1 ] && "$PY" -c "import pytest" 2>/dev/null; then
   stage "tests (fast subset, TORCHTPU_PLATFORM=$TORCHTPU_PLATFORM)"

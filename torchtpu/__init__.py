@@ -16,20 +16,14 @@ __all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metric
 
 _VALID_PLATFORMS = ("cpu", "cuda", "tpu")
 
+from torchtpu import _report, _versions  # noqa: E402  (both import nothing heavy)
 
-def _check_dependencies():
-    try:
-        import jax  # noqa: F401
-        import jaxlib  # noqa: F401
-    except ImportError as error:
-        raise ImportError(
-            "torchtpu needs jax and jaxlib: pip install 'jax[cpu]==0.10.2' "
-            "(plus jax's CUDA or TPU plugin for those platforms)"
-        ) from error
+# Before anything loads _C: a torch or jax/jaxlib this build cannot use is an ImportError
+# that says how to fix it, never an undefined-symbol error.
+_versions.check_versions()
 
 
 def _initialize():
-    _check_dependencies()
     __import__("torchtpu.integrations", fromlist=["_"]).adapters_enabled()  # a bad setting fails before any change
     from torchtpu import _C
 
@@ -88,7 +82,11 @@ def _present_platforms():
     return present
 
 
-_initialize()
+try:
+    _initialize()
+except Exception as error:
+    _report.exit_if_reporting([str(error)])  # `python -m torchtpu` reports instead of raising
+    raise
 
 from torchtpu import _C  # noqa: E402
 from torchtpu import data  # noqa: E402

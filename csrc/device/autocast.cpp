@@ -8,6 +8,9 @@ namespace {
 using namespace at::autocast;
 using at::Tensor;
 using at::IntArrayRef;
+#if __has_include(<ATen/core/Dimname.h>)
+using at::DimnameList;  // PyTorch 2.11's op lists name it unqualified; 2.13 has no named tensors
+#endif
 using c10::Scalar;
 using c10::ScalarType;
 

@@ -1,0 +1,125 @@
+"""`python -m torchtpu`: what is installed, which platform and devices, and what to fix.
+
+The report must work when torchtpu itself cannot start (wrong torch, no jax, a bad
+TORCHTPU_PLATFORM), so everything but the platform section reads package metadata and the
+environment; `import torchtpu` calls exit_if_reporting() when it fails under this command.
+"""
+import importlib.metadata
+import os
+import platform as host
+import sys
+
+from torchtpu import _versions
+
+
+def reporting() -> bool:
+    """True while `python -m torchtpu` imports the package (sys.argv[0] is "-m" until then)."""
+    argv = getattr(sys, "orig_argv", [])
+    asked = any(a == "-mtorchtpu" or (a == "-m" and b == "torchtpu") for a, b in zip(argv, argv[1:] + [""]))
+    return asked and sys.argv[:1] == ["-m"]
+
+
+def exit_if_reporting(problems: list[str]) -> None:
+    """Under `python -m torchtpu`, an import that failed prints the report and exits 1."""
+    if reporting():
+        print(report(problems, runtime=None))
+        sys.exit(1)
+
+
+def _version(distribution: str) -> str:
+    return _versions.installed(distribution) or "not installed"
+
+
+def _cache_line(directory: str) -> str:
+    if not directory:
+        return "disabled (TORCHTPU_CACHE_DIR is empty)"
+    if not os.path.isdir(directory):
+        return f"{directory} (not created yet)"
+    files, size = 0, 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            try:
+                size += os.path.getsize(os.path.join(root, name))
+                files += 1
+            except OSError:
+                pass
+    return f"{directory} ({files} entries, {size / 2**20:.1f} MiB)"
+
+
+def _autoload_line() -> str:
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "0":
+        return "off (TORCH_DEVICE_BACKEND_AUTOLOAD=0): `import torchtpu` before using device='tpu'"
+    points = importlib.metadata.entry_points(group="torch.backends")
+    if any(point.value == "torchtpu_autoload:load" for point in points):
+        return "active: `import torch` loads torchtpu"
+    return ("inactive: torchtpu is not installed in this environment (no torch.backends entry "
+            "point): `import torchtpu` before using device='tpu', or pip install it")
+
+
+def _default_cache_dir() -> str:
+    configured = os.environ.get("TORCHTPU_CACHE_DIR")
+    return os.path.join(os.path.expanduser("~"), ".cache", "torchtpu") if configured is None else configured
+
+
+def _setting(name: str, default: str) -> str:
+    value = os.environ.get(name)
+    return f"{value} ({name})" if value else f"{default} (default; set {name} to change)"
+
+
+def _runtime_lines(problems: list[str]) -> list[str]:
+    """Platform, devices and one computation on device 0: proves the whole path works."""
+    import torch
+
+    import torchtpu
+
+    try:
+        name = torchtpu.platform()
+        from jax._src import xla_bridge
+
+        devices = xla_bridge.get_backend(name).local_devices()
+        lines = [f"platform  {name}  (choose with TORCHTPU_PLATFORM=cpu|cuda|tpu)",
+                 f"devices   {len(devices)}: " + ", ".join(f"tpu:{i} {d.device_kind}" for i, d in enumerate(devices))]
+        value = (torch.ones(2, device="tpu") + 1).cpu().tolist()
+        if value != [2.0, 2.0]:
+            problems.append(f"ones(2) + 1 on tpu:0 gave {value}, expected [2.0, 2.0]: please report this")
+        lines.append(f"mode      {torchtpu.get_mode()}  (TORCHTPU_MODE or torchtpu.set_mode)")
+        lines.append(f"cache     {_cache_line(torchtpu._C.cache_dir())}")
+        return lines
+    except Exception as error:  # a platform that does not start is the report's subject
+        problems.append(f"the runtime did not start: {error}")
+        return []
+
+
+def report(problems: list[str], runtime) -> str:
+    """The whole report; `runtime` is a list of platform lines, or None when torchtpu failed."""
+    lines = [
+        f"torchtpu  {getattr(sys.modules['torchtpu'], '__version__', '?')}  "
+        f"({os.path.dirname(os.path.abspath(__file__))})",
+        f"  built against torch {_versions.built_torch_version() or 'unknown (not built)'}",
+        f"torch     {_version('torch')}",
+        f"jax       {_version('jax')}",
+        f"jaxlib    {_version('jaxlib')}  (supported {_versions.JAX_REQUIREMENT})",
+        f"Python    {host.python_version()}  ({sys.executable})",
+        f"host      {host.system()} {host.machine()}",
+    ]
+    if runtime is None:
+        lines.append("platform  not started (see the problems below)")
+        lines.append(f"mode      {_setting('TORCHTPU_MODE', 'fused')}")
+        lines.append(f"cache     {_cache_line(_default_cache_dir())}")
+    else:
+        lines += runtime
+    lines.append(f"fallback  {_setting('TORCHTPU_FALLBACK', 'warn')}")
+    lines.append(f"autoload  {_autoload_line()}")
+    if problems:
+        lines.append(f"{len(problems)} problem(s):")
+        lines += [f"  - {problem}" for problem in problems]
+    else:
+        lines.append("status    OK")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    problems: list[str] = []
+    runtime = _runtime_lines(problems)
+    print(report(problems, runtime))
+    return 1 if problems else 0
