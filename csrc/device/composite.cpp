@@ -13,45 +13,70 @@
 
 namespace torchtpu {
 
-// _foreach_X(list, ...) without a lowering of its own: X on each element.
-bool decompose_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& name = op.operator_name();
-  std::string base = name.name.substr(std::string("aten::_foreach_").size());
-  std::string overload = name.overload_name;
-  static const std::unordered_map<std::string, std::vector<std::string>> overloads = {
-      {"List", {"Tensor", "Tensor_Tensor", ""}},   {"Scalar", {"Scalar", "Tensor_Scalar", ""}},
-      {"ScalarList", {"Scalar", "Tensor_Scalar", ""}}, {"Tensor", {"Tensor", ""}},
-      {"", {"", "default"}},                          {"ScalarAndTensor", {"Scalar"}},
-  };
-  auto candidates = overloads.find(overload);
-  if (candidates == overloads.end()) return false;
-  std::optional<c10::OperatorHandle> element_op;
-  for (const auto& o : candidates->second) {
-    element_op = c10::Dispatcher::singleton().findOp({"aten::" + base, o});
-    if (element_op) break;
-  }
-  if (!element_op) return false;
+// View ops on inner tensors (PyTorch's composite kernels call them below
+// functionalization): the result is a TpuTensorImpl that reads from and writes through to
+// its root (see TpuTensorImpl::become_view).
+bool is_view_op(const c10::FunctionSchema& schema) {
+  if (schema.returns().empty() || schema.arguments().empty()) return false;
+  const auto* ret = schema.returns()[0].alias_info();
+  const auto* arg = schema.arguments()[0].alias_info();
+  return ret && !ret->isWrite() && arg && !arg->isWrite();
+}
+
+bool is_inplace_view_op(const std::string& name) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::transpose_", "aten::t_", "aten::unsqueeze_", "aten::squeeze_", "aten::squeeze_.dim",
+      "aten::squeeze_.dims", "aten::as_strided_", "aten::swapdims_", "aten::swapaxes_"};
+  return ops.count(name) > 0;
+}
+
+bool record_raw_view(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool inplace) {
   const auto& schema = op.schema();
   size_t n = schema.arguments().size();
-  if (element_op->schema().arguments().size() != n) return false;
   std::vector<c10::IValue> args(stack->end() - n, stack->end());
-  size_t count = 0;
-  for (const auto& v : args) {
-    if (v.isTensorList()) count = v.toTensorList().size();
+  if (!args[0].isTensor() || !is_tpu(args[0].toTensor())) return false;
+  at::Tensor self = args[0].toTensor();
+  if (at::functionalization::impl::isFunctionalTensor(self)) return false;
+  auto* self_impl = dynamic_cast<TpuTensorImpl*>(self.unsafeGetTensorImpl());
+  if (!self_impl) return false;
+  torch::jit::Stack meta;
+  for (const auto& a : args) meta.push_back(to_meta(a));
+  try {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const std::exception&) {
+    return false;
   }
-  c10::List<at::Tensor> results;
-  for (size_t i = 0; i < count; ++i) {
-    torch::jit::Stack element;
-    for (const auto& v : args) {
-      if (v.isTensorList()) element.push_back(v.toTensorList().get(i));
-      else if (v.isList() && !v.isTensorList()) element.push_back(v.toListRef()[i]);
-      else element.push_back(v);
-    }
-    element_op->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &element);
-    if (!schema.returns().empty()) results.push_back(element.back().toTensor());
+  std::vector<at::Tensor> views;
+  for (const auto& r : meta) {
+    if (r.isTensor()) views.push_back(r.toTensor());
+    else if (r.isTensorList()) for (const at::Tensor& t : r.toTensorList()) views.push_back(t);
+    else return false;
+  }
+  for (const auto& v : views)
+    if (v.scalar_type() != self.scalar_type()) return false;  // dtype views stay on CPU
+  c10::intrusive_ptr<TpuTensorImpl> root = c10::intrusive_ptr<TpuTensorImpl>::reclaim_copy(self_impl);
+  if (root->view_of()) root = root->view_of()->root;
+  auto make_view = [&](const at::Tensor& m) {
+    auto impl = c10::make_intrusive<TpuTensorImpl>(root->value(), self.device());
+    impl->become_view(root, m.sizes().vec(), m.strides().vec(), m.storage_offset());
+    return at::Tensor(std::move(impl));
+  };
+  if (inplace) {
+    self_impl->become_view(root, views[0].sizes().vec(), views[0].strides().vec(), views[0].storage_offset());
+    torch::jit::drop(*stack, n);
+    stack->push_back(self);
+    return true;
   }
   torch::jit::drop(*stack, n);
-  if (!schema.returns().empty()) stack->push_back(results);
+  const auto& ret_type = schema.returns()[0].type();
+  if (ret_type->kind() == c10::TypeKind::ListType) {
+    c10::List<at::Tensor> list;
+    for (const auto& v : views) list.push_back(make_view(v));
+    stack->push_back(std::move(list));
+  } else {
+    stack->push_back(make_view(views[0]));
+  }
   return true;
 }
 
@@ -121,70 +146,45 @@ bool record_mutable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
-// View ops on inner tensors (PyTorch's composite kernels call them below
-// functionalization): the result is a TpuTensorImpl that reads from and writes through to
-// its root (see TpuTensorImpl::become_view).
-bool is_view_op(const c10::FunctionSchema& schema) {
-  if (schema.returns().empty() || schema.arguments().empty()) return false;
-  const auto* ret = schema.returns()[0].alias_info();
-  const auto* arg = schema.arguments()[0].alias_info();
-  return ret && !ret->isWrite() && arg && !arg->isWrite();
-}
-
-bool is_inplace_view_op(const std::string& name) {
-  static const std::unordered_set<std::string> ops = {
-      "aten::transpose_", "aten::t_", "aten::unsqueeze_", "aten::squeeze_", "aten::squeeze_.dim",
-      "aten::squeeze_.dims", "aten::as_strided_", "aten::swapdims_", "aten::swapaxes_"};
-  return ops.count(name) > 0;
-}
-
-bool record_raw_view(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool inplace) {
+// _foreach_X(list, ...) without a lowering of its own: X on each element.
+bool decompose_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& name = op.operator_name();
+  std::string base = name.name.substr(std::string("aten::_foreach_").size());
+  std::string overload = name.overload_name;
+  static const std::unordered_map<std::string, std::vector<std::string>> overloads = {
+      {"List", {"Tensor", "Tensor_Tensor", ""}},   {"Scalar", {"Scalar", "Tensor_Scalar", ""}},
+      {"ScalarList", {"Scalar", "Tensor_Scalar", ""}}, {"Tensor", {"Tensor", ""}},
+      {"", {"", "default"}},                          {"ScalarAndTensor", {"Scalar"}},
+  };
+  auto candidates = overloads.find(overload);
+  if (candidates == overloads.end()) return false;
+  std::optional<c10::OperatorHandle> element_op;
+  for (const auto& o : candidates->second) {
+    element_op = c10::Dispatcher::singleton().findOp({"aten::" + base, o});
+    if (element_op) break;
+  }
+  if (!element_op) return false;
   const auto& schema = op.schema();
   size_t n = schema.arguments().size();
+  if (element_op->schema().arguments().size() != n) return false;
   std::vector<c10::IValue> args(stack->end() - n, stack->end());
-  if (!args[0].isTensor() || !is_tpu(args[0].toTensor())) return false;
-  at::Tensor self = args[0].toTensor();
-  if (at::functionalization::impl::isFunctionalTensor(self)) return false;
-  auto* self_impl = dynamic_cast<TpuTensorImpl*>(self.unsafeGetTensorImpl());
-  if (!self_impl) return false;
-  torch::jit::Stack meta;
-  for (const auto& a : args) meta.push_back(to_meta(a));
-  try {
-    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-  } catch (const std::exception&) {
-    return false;
+  size_t count = 0;
+  for (const auto& v : args) {
+    if (v.isTensorList()) count = v.toTensorList().size();
   }
-  std::vector<at::Tensor> views;
-  for (const auto& r : meta) {
-    if (r.isTensor()) views.push_back(r.toTensor());
-    else if (r.isTensorList()) for (const at::Tensor& t : r.toTensorList()) views.push_back(t);
-    else return false;
-  }
-  for (const auto& v : views)
-    if (v.scalar_type() != self.scalar_type()) return false;  // dtype views stay on CPU
-  c10::intrusive_ptr<TpuTensorImpl> root = c10::intrusive_ptr<TpuTensorImpl>::reclaim_copy(self_impl);
-  if (root->view_of()) root = root->view_of()->root;
-  auto make_view = [&](const at::Tensor& m) {
-    auto impl = c10::make_intrusive<TpuTensorImpl>(root->value(), self.device());
-    impl->become_view(root, m.sizes().vec(), m.strides().vec(), m.storage_offset());
-    return at::Tensor(std::move(impl));
-  };
-  if (inplace) {
-    self_impl->become_view(root, views[0].sizes().vec(), views[0].strides().vec(), views[0].storage_offset());
-    torch::jit::drop(*stack, n);
-    stack->push_back(self);
-    return true;
+  c10::List<at::Tensor> results;
+  for (size_t i = 0; i < count; ++i) {
+    torch::jit::Stack element;
+    for (const auto& v : args) {
+      if (v.isTensorList()) element.push_back(v.toTensorList().get(i));
+      else if (v.isList() && !v.isTensorList()) element.push_back(v.toListRef()[i]);
+      else element.push_back(v);
+    }
+    element_op->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &element);
+    if (!schema.returns().empty()) results.push_back(element.back().toTensor());
   }
   torch::jit::drop(*stack, n);
-  const auto& ret_type = schema.returns()[0].type();
-  if (ret_type->kind() == c10::TypeKind::ListType) {
-    c10::List<at::Tensor> list;
-    for (const auto& v : views) list.push_back(make_view(v));
-    stack->push_back(std::move(list));
-  } else {
-    stack->push_back(make_view(views[0]));
-  }
+  if (!schema.returns().empty()) stack->push_back(results);
   return true;
 }
 

@@ -1,6 +1,8 @@
-// Ops without a lowering run on CPU: inputs copied to the host, the CPU kernel, results
-// (and arguments it wrote) copied back. Counted per op in metrics, warned once per op,
-// an error under TORCHTPU_FALLBACK=error.
+// Ops without a lowering run on CPU through PyTorch's own boxed CPU fallback (inputs
+// copied to the host, the CPU kernel, written arguments and results copied back), under
+// torchtpu's policy: counted per op in metrics, warned once per op, an error under
+// TORCHTPU_FALLBACK=error.
+#include <ATen/native/CPUFallback.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
@@ -16,10 +18,6 @@ namespace {
 std::atomic<int> g_fallback_policy{0};  // 0 warn, 1 error, 2 silent
 std::mutex g_warned_mutex;
 std::unordered_set<std::string> g_warned;
-
-void write_back(const at::Tensor& tpu_dst, const at::Tensor& cpu_src) {
-  store_value(tpu_dst, upload(cpu_src, tpu_dst.device().index()));
-}
 
 }  // namespace
 
@@ -51,62 +49,32 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const auto& schema = op.schema();
   size_t n = schema.arguments().size();
-  auto args = torch::jit::last(*stack, n);
-  int device = device_of_args(std::vector<c10::IValue>(args.begin(), args.end()));
-  std::vector<std::pair<at::Tensor, at::Tensor>> mutated;  // (tpu tensor, its CPU stand-in)
-  for (size_t i = 0; i < n; ++i) {
-    c10::IValue& v = (*stack)[stack->size() - n + i];
-    const auto* alias = schema.arguments()[i].alias_info();
-    bool written = alias && alias->isWrite();
-    if (v.isTensor()) {
-      at::Tensor t = v.toTensor();
-      if (is_tpu(t)) {
-        at::Tensor cpu = to_host(t);
-        if (written) mutated.emplace_back(t, cpu);
-        v = cpu;
-      }
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> cpu_list;
-      for (const at::Tensor& t : v.toTensorList()) {
-        at::Tensor cpu = to_host(t);
-        if (written && is_tpu(t)) mutated.emplace_back(t, cpu);
-        cpu_list.push_back(cpu);
-      }
-      v = cpu_list;
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> cpu_list;
-      for (const auto& ref : v.toOptionalTensorList()) {
-        std::optional<at::Tensor> t = ref;
-        cpu_list.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(to_host(*t)) : std::nullopt);
-      }
-      v = cpu_list;
-    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      v = c10::Device(c10::kCPU);
-    } else if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
-      v = c10::IValue();
-    }
-  }
+  int device = device_of_args(std::vector<c10::IValue>(stack->end() - n, stack->end()));
+  // CPU kernels reject a tpu generator: they draw from the CPU's default one instead.
+  for (auto it = stack->end() - n; it != stack->end(); ++it)
+    if (it->isGenerator() && it->toGenerator().device().type() == c10::DeviceType::PrivateUse1) *it = c10::IValue();
   {
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    // Copies the tensors to CPU, runs the CPU kernel, writes mutated arguments back
+    // (_copy_from_and_resize) and moves results to the first tensor argument's device.
+    at::native::cpu_fallback(op, stack);
   }
-  for (auto& [tpu, cpu] : mutated) write_back(tpu, cpu);
+  // That first tensor argument may be a CPU scalar (op(cpu_scalar_tensor, tpu_tensor)):
+  // results that are not arguments the op wrote belong on the op's tpu device.
   size_t r = schema.returns().size();
   for (size_t i = 0; i < r; ++i) {
-    c10::IValue& v = (*stack)[stack->size() - r + i];
     const auto* alias = schema.returns()[i].alias_info();
-    if (alias && alias->isWrite()) {
-      // Returns an argument it mutated (add_, out=): hand back the tpu tensor.
-      for (auto& [tpu, cpu] : mutated)
-        if (v.isTensor() && v.toTensor().is_same(cpu)) v = tpu;
-      continue;
-    }
-    if (v.isTensor() && v.toTensor().defined()) {
-      v = wrap_for_user(make_tensor(upload(v.toTensor(), device)));
+    if (alias && alias->isWrite()) continue;
+    c10::IValue& v = (*stack)[stack->size() - r + i];
+    auto on_device = [&](const at::Tensor& t) {
+      return t.defined() && !is_tpu(t) ? wrap_for_user(make_tensor(upload(t, device))) : t;
+    };
+    if (v.isTensor()) {
+      v = on_device(v.toTensor());
     } else if (v.isTensorList()) {
       c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(wrap_for_user(make_tensor(upload(t, device))));
-      v = out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(on_device(t));
+      v = std::move(out);
     }
   }
 }

@@ -23,7 +23,6 @@ bool is_number_type(const c10::TypePtr& type) {
   return false;
 }
 
-
 // ---------------------------------------------------------------------------------------
 // Output types from PyTorch's meta kernels, cached per node signature: some meta kernels
 // are Python decompositions (native_layer_norm_backward's runs ~30 ops) that would cost
@@ -121,8 +120,6 @@ void mask_defined_outputs(const OutputSignature& sig, std::vector<Arg>* args) {
 
 // ---------------------------------------------------------------------------------------
 // Arguments -> node.
-
-
 
 struct ParsedOp {
   std::vector<Arg> args;
@@ -229,7 +226,6 @@ void append_generator_args(ParsedOp& p, const std::vector<c10::IValue>& args) {
   p.args.push_back(Arg::integer(0, true));
 }
 
-
 }  // namespace
 
 bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack) {
@@ -295,10 +291,5 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
   }
   return true;
 }
-
-// ---------------------------------------------------------------------------------------
-// CPU fallback: inputs to CPU, run there, results back.
-
-std::mutex g_warned_mutex;
 
 }  // namespace torchtpu
