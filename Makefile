@@ -22,7 +22,7 @@ RPATH       := $$ORIGIN/../torch/lib
 SOURCES := $(shell find csrc -name '*.cpp' | sort)
 OBJECTS := $(patsubst csrc/%.cpp,$(BUILD_DIR)/obj/%.o,$(SOURCES))
 
-.PHONY: all install build extension compiled-core demo test bench check-torch211 clean distclean
+.PHONY: all install build extension compiled-core cpptest demo test bench check-torch211 clean distclean
 
 all: install
 
@@ -73,6 +73,11 @@ compiled-core: $(LIBRARY)
 	@cmp -s $(BUILD_DIR)/_build_info.py $(PACKAGE_DIR)/_build_info.py || cp $(BUILD_DIR)/_build_info.py $(PACKAGE_DIR)/
 
 install: $(EDIT_STAMP) build
+
+# The engine and the lowerings built and run without torch (tests/cpp; tests/test_cpp.py
+# runs it too, so `make test` covers it).
+cpptest:
+	@$(MAKE) --no-print-directory -f tests/cpp/build.mk run
 
 demo: install
 	$(PY) examples/demo.py

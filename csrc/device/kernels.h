@@ -1,15 +1,97 @@
-// Registration of the tpu device's aten kernels and the CPU fallback.
+// The tpu device's aten kernels, one file per job, and their registration (kernels.cpp):
+//   record_op.cpp     ops with a lowering: arguments -> graph node, output types from
+//                     PyTorch's meta kernels (cached), recorded in the engine
+//   composite.cpp     what PyTorch's composite kernels issue below functionalization:
+//                     views of inner tensors, in-place and out= ops, foreach ops
+//   cpu_fallback.cpp  ops without a lowering run on CPU, counted and under a policy
+//   copy.cpp          allocation and copies between devices (one tpu_copy)
+//   overrides.cpp     PyTorch kernels replaced for tpu (functionalization, autograd, meta)
 #pragma once
 
+#include <ATen/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "device/tensor.h"
+#include "lowering/registry.h"
+#include "runtime/runtime.h"
 
 namespace torchtpu {
 
+// ---- kernels.cpp: routing and registration --------------------------------------------
 void register_kernels();
+// The kernel of every op without a kernel of its own: lowered, composite or CPU fallback.
+void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Runs f, turning the runtime's errors into the exceptions PyTorch users expect.
+template <typename F>
+auto translate_errors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const DeviceOutOfMemory& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+std::string op_name(const c10::OperatorHandle& op);  // "aten::add.Tensor"
+// The tpu device an op runs on: its first tpu tensor's, else its tpu device argument's,
+// else the current device.
+int device_of_args(const std::vector<c10::IValue>& args);
+
+// ---- record_op.cpp ----------------------------------------------------------------------
+// Records the op with its lowering; false when it cannot be lowered here (unsupported
+// dtype or argument, no meta kernel, data-dependent shape): the caller falls back.
+bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack);
+// An argument as meta kernels take it (tensors become meta tensors of the same geometry).
+c10::IValue to_meta(const c10::IValue& v);
+
+// ---- composite.cpp ----------------------------------------------------------------------
+bool is_view_op(const c10::FunctionSchema& schema);
+bool is_inplace_view_op(const std::string& name);
+bool record_raw_view(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool inplace);
+bool record_mutable(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+bool decompose_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// ---- cpu_fallback.cpp -------------------------------------------------------------------
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void set_fallback_policy(const std::string& policy);  // warn | error | silent
 void clear_fallback_warnings();  // each op warns once again (metrics.reset())
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// ---- copy.cpp ---------------------------------------------------------------------------
+// The contents of `src` (a tensor on any device) as a value on tpu `device`, in `dtype`:
+// the one way data moves onto a tpu device.
+ValuePtr tpu_copy(const at::Tensor& src, int device, DType dtype);
+// A tpu tensor's contents as a fresh CPU tensor; other tensors are returned as they are.
+at::Tensor to_host(const at::Tensor& t);
+at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                     std::optional<at::Device> device, std::optional<bool> pin, std::optional<at::MemoryFormat>);
+at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                             std::optional<at::Layout> layout, std::optional<at::Device> device,
+                             std::optional<bool> pin);
+at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
+at::Tensor tpu_copy_functional(const at::Tensor& self, const at::Tensor& src, bool non_blocking);
+at::Tensor tpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst);
+at::Tensor tpu_to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                       std::optional<at::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                       std::optional<at::MemoryFormat> memory_format);
+const at::Tensor& tpu_resize(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat>);
+c10::Scalar tpu_local_scalar_dense(const at::Tensor& self);
+
+// ---- overrides.cpp ----------------------------------------------------------------------
+at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                                 std::optional<at::Layout> layout, std::optional<at::Device> device,
+                                 std::optional<bool> pin_memory, bool non_blocking,
+                                 std::optional<at::MemoryFormat> memory_format);
+at::Tensor& copy_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& self, const at::Tensor& src, bool non_blocking);
+void foreach_inplace_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_native_batch_norm(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
+    double momentum, double eps);
 
 }  // namespace torchtpu

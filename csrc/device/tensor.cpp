@@ -39,24 +39,25 @@ Arg int_list(const std::vector<int64_t>& v) {
   return a;
 }
 
-const LoweringRule* required_rule(const char* name) {
+// The kind of an op the device layer records itself; its lowering must exist.
+OpKind lowered_kind(const char* name) {
   const LoweringRule* rule = find_lowering(name);
   TORCH_INTERNAL_ASSERT(rule, "torchtpu: missing lowering ", name);
-  return rule;
+  return rule->kind;
 }
 
 // The elements of a view, read from its root's value.
 ValuePtr read_view(const ValuePtr& root, const TpuTensorImpl::ViewOf& v) {
-  static const LoweringRule* rule = required_rule("aten::as_strided_copy");
+  static const OpKind op = lowered_kind("aten::as_strided_copy");
   TensorType out{v.sizes, root->type.dtype};
-  return Engine::get().record(rule, {Arg::tensor(0), int_list(v.sizes), int_list(v.strides), Arg::integer(v.offset)},
+  return Engine::get().record(op, {Arg::tensor(0), int_list(v.sizes), int_list(v.strides), Arg::integer(v.offset)},
                               {root}, {out}, root->device)[0];
 }
 
 // The root's value with a view's elements replaced.
 ValuePtr write_view(const ValuePtr& root, const ValuePtr& src, const TpuTensorImpl::ViewOf& v) {
-  static const LoweringRule* rule = required_rule("aten::as_strided_scatter");
-  return Engine::get().record(rule,
+  static const OpKind op = lowered_kind("aten::as_strided_scatter");
+  return Engine::get().record(op,
                               {Arg::tensor(0), Arg::tensor(1), int_list(v.sizes), int_list(v.strides),
                                Arg::integer(v.offset)},
                               {root, src}, {root->type}, root->device)[0];
@@ -241,35 +242,27 @@ at::Tensor download(const ValuePtr& value) {
   return out;
 }
 
-namespace {
-const LoweringRule* internal_rule(const char* name) {
-  const LoweringRule* rule = find_lowering(name);
-  TORCH_INTERNAL_ASSERT(rule, "torchtpu: missing internal lowering ", name);
-  return rule;
-}
-}  // namespace
-
 ValuePtr convert_value(const ValuePtr& value, DType dtype) {
   if (value->type.dtype == dtype) return value;
-  static const LoweringRule* rule = internal_rule("torchtpu::convert");
+  static const OpKind op = lowered_kind("torchtpu::convert");
   TensorType out{value->type.shape, dtype};
-  return Engine::get().record(rule, {Arg::tensor(0), Arg::integer(static_cast<int>(dtype))}, {value}, {out},
+  return Engine::get().record(op, {Arg::tensor(0), Arg::integer(static_cast<int>(dtype))}, {value}, {out},
                               value->device)[0];
 }
 
 ValuePtr broadcast_value(const ValuePtr& value, const std::vector<int64_t>& shape) {
   if (value->type.shape == shape) return value;
-  static const LoweringRule* rule = internal_rule("torchtpu::broadcast");
+  static const OpKind op = lowered_kind("torchtpu::broadcast");
   Arg sizes;
   sizes.kind = Arg::Kind::IntList;
   sizes.ints = shape;
   TensorType out{shape, value->type.dtype};
-  return Engine::get().record(rule, {Arg::tensor(0), sizes}, {value}, {out}, value->device)[0];
+  return Engine::get().record(op, {Arg::tensor(0), sizes}, {value}, {out}, value->device)[0];
 }
 
 ValuePtr zeros_value(const TensorType& type, int device) {
-  static const LoweringRule* rule = internal_rule("torchtpu::zeros");
-  return Engine::get().record(rule, {}, {}, {type}, device)[0];
+  static const OpKind op = lowered_kind("torchtpu::zeros");
+  return Engine::get().record(op, {}, {}, {type}, device)[0];
 }
 
 int current_device() { return g_current_device; }

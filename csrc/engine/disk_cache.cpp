@@ -10,7 +10,7 @@
 #include <random>
 #include <sstream>
 
-#include "ir/types.h"
+#include "base/types.h"
 
 namespace torchtpu {
 namespace {

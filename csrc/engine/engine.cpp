@@ -1,8 +1,6 @@
 // Engine: pending graph, flush policy, graph building, executable caches, metrics.
 #include "engine/engine.h"
 
-#include <Python.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +10,7 @@
 #include "engine/disk_cache.h"
 #include "lowering/registry.h"
 #include "stablehlo/builder.h"
+#include "stablehlo/module.h"
 
 namespace torchtpu {
 
@@ -34,13 +33,9 @@ Mode parse_mode(const std::string& name) {
 EngineLock::EngineLock() : mutex_(Engine::get().mutex()) {
   if (mutex_.try_lock()) return;
   // Another thread holds the engine and may need the GIL to finish: wait without it.
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    PyThreadState* state = PyEval_SaveThread();
-    mutex_.lock();
-    PyEval_RestoreThread(state);
-  } else {
-    mutex_.lock();
-  }
+  const auto& without_gil = Engine::get().hooks().without_gil;
+  if (without_gil) without_gil([this] { mutex_.lock(); });
+  else mutex_.lock();
 }
 
 EngineLock::~EngineLock() { mutex_.unlock(); }
@@ -123,7 +118,7 @@ ValuePtr Engine::from_buffer(BufferPtr buffer) {
   return value;
 }
 
-std::vector<ValuePtr> Engine::record(const LoweringRule* rule, std::vector<Arg> args, std::vector<ValuePtr> operands,
+std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
                                      std::vector<TensorType> outputs, int device) {
   EngineLock lock;
   metrics_.ops_traced++;
@@ -133,14 +128,14 @@ std::vector<ValuePtr> Engine::record(const LoweringRule* rule, std::vector<Arg> 
       if (v->pending()) flush_locked(v->device);
   }
   auto node = std::make_shared<Node>();
-  node->rule = rule;
+  node->op = op;
   node->args = std::move(args);
   node->outputs = std::move(outputs);
   node->device = device;
   node->operands = std::move(operands);
   for (const ValuePtr& v : node->operands) {
     if (v->device != device)
-      throw std::invalid_argument("torchtpu: " + rule->op + " got tensors on tpu:" + std::to_string(v->device) +
+      throw std::invalid_argument("torchtpu: " + op.name() + " got tensors on tpu:" + std::to_string(v->device) +
                                   " and tpu:" + std::to_string(device) +
                                   "; move them to one device first (tensor.to(\"tpu:N\"))");
     v->node_uses.fetch_add(1);
@@ -248,8 +243,11 @@ void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
 
 }  // namespace
 
-void Engine::run_graph(Graph& g) {
-  // Donation: a parameter nothing else holds gives its buffer to a root of the same type.
+// ---- running a graph: plan donation, lift scalars, hash, find or compile, launch -------
+
+// A parameter nothing else holds gives its buffer to a root of the same type (an optimizer
+// step then updates parameters without copies).
+void Engine::plan_donation(Graph& g) {
   g.aliasing.assign(g.params.size(), -1);
   std::vector<bool> root_taken(g.roots.size(), false);
   for (size_t p = 0; p < g.params.size(); ++p) {
@@ -264,7 +262,11 @@ void Engine::run_graph(Graph& g) {
       }
     }
   }
-  // Lifted scalars, in node order.
+}
+
+// Lifted scalar arguments, in node order, become the float and int packs; each node's
+// lifted_slots say where its arguments start.
+void Engine::lift_scalars(Graph& g) {
   g.lifted_slots.resize(g.nodes.size());
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const Node* node = g.nodes[n];
@@ -287,7 +289,11 @@ void Engine::run_graph(Graph& g) {
       }
     }
   }
-  // Structural hash: node hashes, wiring, roots, parameter types and donation.
+}
+
+// Structural hash, the memory cache's key: node hashes, wiring, roots, parameter types,
+// donation and the sizes of the scalar packs.
+void Engine::hash_graph(Graph& g) {
   uint64_t h = hash_mix(0x7A3F, static_cast<uint64_t>(g.device));
   for (const Node* node : g.nodes) {
     h = hash_mix(h, node->hash);
@@ -300,142 +306,165 @@ void Engine::run_graph(Graph& g) {
   for (size_t p = 0; p < g.params.size(); ++p) h = hash_mix(hash_type(h, g.params[p]->type), g.aliasing[p] + 2);
   h = hash_mix(hash_mix(h, g.float_scalars.size()), g.int_scalars.size());
   g.hash = h;
+}
 
-  ExecutablePtr exe;
-  auto cached = memory_cache_.find(h);
+ExecutablePtr Engine::find_or_compile(Graph& g) {
+  auto cached = memory_cache_.find(g.hash);
   if (cached != memory_cache_.end()) {
     metrics_.cache_hits_memory++;
-    exe = cached->second.executable;
-  } else {
-    exe = compile_graph(g);
-    memory_cache_[h] = CachedGraph{exe};
+    return cached->second;
   }
+  ExecutablePtr exe = compile_graph(g);
+  memory_cache_[g.hash] = exe;
+  return exe;
+}
 
-  Runtime& rt = runtime();
+DType Engine::scalar_float_dtype() { return runtime().has_float64() ? DType::Float64 : DType::Float32; }
+
+BufferPtr Engine::upload_float_scalars(const std::vector<double>& values, int device) {
+  TensorType t{{static_cast<int64_t>(values.size())}, scalar_float_dtype()};
+  if (t.dtype == DType::Float64) return runtime().upload_bytes(values.data(), t, device);
+  std::vector<float> narrow(values.begin(), values.end());
+  return runtime().upload_bytes(narrow.data(), t, device);
+}
+
+BufferPtr Engine::upload_int_scalars(const std::vector<int64_t>& values, int device) {
+  TensorType t{{static_cast<int64_t>(values.size())}, DType::Int64};
+  return runtime().upload_bytes(values.data(), t, device);
+}
+
+std::vector<BufferPtr> Engine::launch(Executable& exe, const std::vector<BufferPtr>& args,
+                                      const std::vector<TensorType>& result_types, int device) {
+  EngineLock lock;
+  std::vector<BufferPtr> results = runtime().execute(exe, args, result_types, device);
+  metrics_.execute_count++;
+  last_results_.assign(results.begin(), results.end());
+  return results;
+}
+
+void Engine::run_graph(Graph& g) {
+  plan_donation(g);
+  lift_scalars(g);
+  hash_graph(g);
+  ExecutablePtr exe = find_or_compile(g);
   std::vector<BufferPtr> args;
   args.reserve(g.params.size() + 2);
   for (const ValuePtr& p : g.params) args.push_back(p->buffer);
-  bool f32_scalars = rt.platform() == "tpu";
-  if (!g.float_scalars.empty()) {
-    TensorType t{{static_cast<int64_t>(g.float_scalars.size())}, f32_scalars ? DType::Float32 : DType::Float64};
-    if (f32_scalars) {
-      std::vector<float> narrow(g.float_scalars.begin(), g.float_scalars.end());
-      args.push_back(rt.upload_bytes(narrow.data(), t, g.device));
-    } else {
-      args.push_back(rt.upload_bytes(g.float_scalars.data(), t, g.device));
-    }
-  }
-  if (!g.int_scalars.empty()) {
-    TensorType t{{static_cast<int64_t>(g.int_scalars.size())}, DType::Int64};
-    args.push_back(rt.upload_bytes(g.int_scalars.data(), t, g.device));
-  }
+  if (!g.float_scalars.empty()) args.push_back(upload_float_scalars(g.float_scalars, g.device));
+  if (!g.int_scalars.empty()) args.push_back(upload_int_scalars(g.int_scalars, g.device));
   std::vector<TensorType> result_types;
+  result_types.reserve(g.roots.size());
   for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
-  std::vector<BufferPtr> results = rt.execute(*exe, args, result_types, g.device);
-  metrics_.execute_count++;
+  std::vector<BufferPtr> results = launch(*exe, args, result_types, g.device);
   for (size_t p = 0; p < g.params.size(); ++p) {
     if (g.aliasing[p] >= 0) {
       metrics_.donated_buffers++;
       g.params[p]->buffer.reset();  // the executable consumed it
     }
   }
-  last_results_.clear();
   for (size_t r = 0; r < g.roots.size(); ++r) {
-    g.roots[r]->buffer = results[r];
+    g.roots[r]->buffer = std::move(results[r]);
     g.roots[r]->node.reset();
-    last_results_.push_back(results[r]);
   }
 }
 
+// ---- compiling a graph: lower to a module, dump, disk cache, compile, bookkeeping --------
+
 ExecutablePtr Engine::compile_graph(Graph& g) {
+  std::vector<std::string> signature;
+  std::string text = lower_graph(g, &signature);
+  dump_module(g, text);
   Runtime& rt = runtime();
-  bool f32_scalars = rt.platform() == "tpu";
-  LoweringContext ctx(f32_scalars);
-  std::string signature_params;
-  std::string header = "  func.func public @main(";
-  bool first = true;
+  CompileOptions options;
+  options.device = g.device;
+  std::string key;
+  if (!cache_dir_.empty()) {
+    // Executables are bound to their device: the device index is part of the key.
+    key = disk_cache_key(text, rt.version() + " device " + std::to_string(g.device));
+    if (ExecutablePtr exe = load_from_disk(key, g.device)) return exe;
+  }
+  if (g.origin.empty() && hooks_.python_origin) g.origin = hooks_.python_origin();
+  auto start = std::chrono::steady_clock::now();
+  ExecutablePtr exe = rt.compile(text, options);
+  metrics_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  metrics_.graphs_compiled++;
+  note_recompilation(g, std::move(signature));
+  if (!key.empty()) disk_cache_store(cache_dir_, key, rt.serialize(*exe), hooks_.warn);
+  return exe;
+}
+
+// The module's text; `signature` gets one line per node (op and operand types) for the
+// recompilation log.
+std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signature) {
+  ModuleBuilder module;
+  LoweringContext ctx;
   std::vector<V> param_values;
   for (size_t p = 0; p < g.params.size(); ++p) {
-    V v = ctx.parameter("%arg" + std::to_string(p), g.params[p]->type);
-    header += std::string(first ? "" : ", ") + v.name + ": " + v.type.mlir();
-    if (g.aliasing[p] >= 0) header += " {tf.aliasing_output = " + std::to_string(g.aliasing[p]) + " : i32}";
-    first = false;
-    param_values.push_back(v);
+    param_values.push_back(module.add_argument("%arg" + std::to_string(p), g.params[p]->type));
+    if (g.aliasing[p] >= 0) module.set_argument_attribute(p, "tf.aliasing_output", std::to_string(g.aliasing[p]) + " : i32");
   }
   V float_pack, int_pack;
-  if (!g.float_scalars.empty()) {
-    float_pack = ctx.parameter("%scalars_f", TensorType{{static_cast<int64_t>(g.float_scalars.size())},
-                                                      f32_scalars ? DType::Float32 : DType::Float64});
-    header += std::string(first ? "" : ", ") + float_pack.name + ": " + float_pack.type.mlir();
-    first = false;
-  }
-  if (!g.int_scalars.empty()) {
-    int_pack = ctx.parameter("%scalars_i", TensorType{{static_cast<int64_t>(g.int_scalars.size())}, DType::Int64});
-    header += std::string(first ? "" : ", ") + int_pack.name + ": " + int_pack.type.mlir();
-  }
+  if (!g.float_scalars.empty())
+    float_pack = module.add_argument(
+        "%scalars_f", TensorType{{static_cast<int64_t>(g.float_scalars.size())}, scalar_float_dtype()});
+  if (!g.int_scalars.empty())
+    int_pack = module.add_argument("%scalars_i", TensorType{{static_cast<int64_t>(g.int_scalars.size())}, DType::Int64});
   ctx.set_scalar_packs(float_pack, int_pack);
 
   std::vector<std::vector<V>> node_results(g.nodes.size());
-  std::vector<std::string> signature;
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const Node* node = g.nodes[n];
+    const LoweringRule* rule = find_lowering(node->op);
+    if (!rule) throw std::logic_error("torchtpu: no lowering for " + node->op.name());
     std::vector<V> operands;
-    std::string sig = node->rule->op + "(";
+    std::string sig = node->op.name() + "(";
     for (const ValuePtr& v : node->operands) {
       if (v->pending()) operands.push_back(node_results[g.node_index.at(v->node.get())][v->output_index]);
       else operands.push_back(param_values[g.param_index.at(v.get())]);
       sig += v->type.str() + " ";
     }
-    signature.push_back(sig + ")");
+    signature->push_back(sig + ")");
     ctx.begin_node(*node, std::move(operands), g.lifted_slots[n]);
-    node->rule->lower(ctx, *node);
+    rule->lower(ctx, *node);
     node_results[n] = ctx.finish_node(*node);
   }
-  std::string ret_values, ret_types;
-  for (size_t r = 0; r < g.roots.size(); ++r) {
-    const ValuePtr& root = g.roots[r];
-    const V& v = node_results[g.node_index.at(root->node.get())][root->output_index];
-    ret_values += (r ? ", " : "") + v.name;
-    ret_types += (r ? ", " : "") + v.type.mlir();
-  }
-  std::string text = "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n" +
-                     header + ") -> (" + ret_types + ") {\n" + ctx.body() + "    \"func.return\"(" + ret_values +
-                     ") : (" + ret_types + ") -> ()\n  }\n}\n";
+  std::vector<V> results;
+  for (const ValuePtr& root : g.roots) results.push_back(node_results[g.node_index.at(root->node.get())][root->output_index]);
+  return module.text(ctx.body(), results);
+}
 
-  if (!dump_dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(dump_dir_, ec);
-    char name[64];
-    std::snprintf(name, sizeof(name), "/graph_%016llx.mlir", static_cast<unsigned long long>(g.hash));
-    std::ofstream(dump_dir_ + name) << text;
-  }
+void Engine::dump_module(const Graph& g, const std::string& text) {
+  if (dump_dir_.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dump_dir_, ec);
+  char name[64];
+  std::snprintf(name, sizeof(name), "/graph_%016llx.mlir", static_cast<unsigned long long>(g.hash));
+  std::ofstream(dump_dir_ + name) << text;
+}
 
-  std::string key;
-  if (!cache_dir_.empty()) {
-    // Executables are bound to their device: the device index is part of the key.
-    key = disk_cache_key(text, rt.version() + " device " + std::to_string(g.device));
-    if (auto bytes = disk_cache_load(cache_dir_, key, hooks_.warn)) {
-      try {
-        ExecutablePtr exe = rt.deserialize(*bytes, g.device);
-        metrics_.cache_hits_disk++;
-        return exe;
-      } catch (const std::exception& e) {
-        if (hooks_.warn)
-          hooks_.warn(std::string("torchtpu: could not load a cached executable (") + e.what() +
-                      "); recompiling it");
-        disk_cache_remove(cache_dir_, key);
-      }
-    }
+// The executable stored under `key`, or null (absent, damaged or unloadable: removed).
+ExecutablePtr Engine::load_from_disk(const std::string& key, int device) {
+  auto bytes = disk_cache_load(cache_dir_, key, hooks_.warn);
+  if (!bytes) return nullptr;
+  try {
+    CompileOptions options;
+    options.device = device;
+    ExecutablePtr exe = runtime().deserialize(*bytes, options);
+    metrics_.cache_hits_disk++;
+    return exe;
+  } catch (const std::exception& e) {
+    if (hooks_.warn)
+      hooks_.warn(std::string("torchtpu: could not load a cached executable (") + e.what() + "); recompiling it");
+    disk_cache_remove(cache_dir_, key);
+    return nullptr;
   }
-  if (g.origin.empty() && hooks_.python_origin) g.origin = hooks_.python_origin();
-  auto start = std::chrono::steady_clock::now();
-  ExecutablePtr exe = rt.compile(text, g.device);
-  metrics_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  metrics_.graphs_compiled++;
-  // Recompilation bookkeeping: a graph started at a line that compiled a different graph before.
-  // Keyed by the line and the graph's first op, so that strict mode (one op per graph) only
-  // reports an op compiled again for new shapes, not each different op on one line.
-  auto& previous = last_signature_by_origin_[g.origin + "|" + (g.nodes.empty() ? "" : g.nodes[0]->rule->op)];
+}
+
+// Recompilation bookkeeping: a graph started at a line that compiled a different graph before.
+// Keyed by the line and the graph's first op, so that strict mode (one op per graph) only
+// reports an op compiled again for new shapes, not each different op on one line.
+void Engine::note_recompilation(const Graph& g, std::vector<std::string> signature) {
+  auto& previous = last_signature_by_origin_[g.origin + "|" + (g.nodes.empty() ? "" : g.nodes[0]->op.name())];
   if (!previous.empty() && !g.origin.empty()) {
     std::string reason;
     size_t n = std::min(previous.size(), signature.size());
@@ -450,11 +479,9 @@ ExecutablePtr Engine::compile_graph(Graph& g) {
     metrics_.recompilation_log.push_back(Recompilation{g.origin, reason});
   }
   previous = std::move(signature);
-  if (!key.empty()) disk_cache_store(cache_dir_, key, rt.serialize(*exe), hooks_.warn);
-  return exe;
 }
 
-// ---- torch.compile capture support (see engine/capture.cpp) ---------------------------
+// ---- torch.compile capture support (see device/capture.cpp) ---------------------------
 
 Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, int device) {
   Graph graph;
@@ -481,20 +508,18 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
   // Random nodes take (seed, offset) as their last two args; note them before running
   // (run_graph releases the nodes).
   std::vector<std::pair<size_t, size_t>> random_nodes;  // (node index, seed arg index)
-  for (size_t n = 0; n < graph.nodes.size(); ++n)
-    if (graph.nodes[n]->rule->random && graph.nodes[n]->args.size() >= 2)
+  for (size_t n = 0; n < graph.nodes.size(); ++n) {
+    const LoweringRule* rule = find_lowering(graph.nodes[n]->op);
+    if (rule && rule->random && graph.nodes[n]->args.size() >= 2)
       random_nodes.emplace_back(n, graph.nodes[n]->args.size() - 2);
+  }
   run_graph(graph);
-  run.executable = memory_cache_.at(graph.hash).executable;
+  run.executable = memory_cache_.at(graph.hash);
   run.params = graph.params;
   run.float_scalars = graph.float_scalars;
   run.int_scalars = graph.int_scalars;
   for (auto [n, a] : random_nodes) run.random_seed_slots.push_back(graph.lifted_slots[n][a]);
   return run;
-}
-
-void Engine::note_results(const std::vector<BufferPtr>& results) {
-  last_results_.assign(results.begin(), results.end());
 }
 
 }  // namespace torchtpu

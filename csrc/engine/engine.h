@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "runtime/runtime.h"
 
 namespace torchtpu {
 
@@ -38,10 +39,13 @@ struct Metrics {
   std::vector<Recompilation> recompilation_log;
 };
 
-// Hooks into the Python layer, installed by the extension module.
+// Hooks into the Python layer, installed by the extension module (unset in C++ tests).
 struct Hooks {
   std::function<std::string()> python_origin;       // "file.py:12 in train_step"
   std::function<void(const std::string&)> warn;      // issues a Python warning
+  // Runs `wait` (a blocking call) without holding the GIL if this thread holds it: the
+  // thread that holds the engine may need the GIL to finish.
+  std::function<void(const std::function<void()>& wait)> without_gil;
 };
 
 class Engine {
@@ -53,7 +57,7 @@ class Engine {
 
   // Records an op on device tensors and returns its outputs: computed now in debug/strict
   // mode, pending (computed at the next flush) in fused mode.
-  std::vector<ValuePtr> record(const LoweringRule* rule, std::vector<Arg> args, std::vector<ValuePtr> operands,
+  std::vector<ValuePtr> record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
                                std::vector<TensorType> outputs, int device);
   ValuePtr from_buffer(BufferPtr buffer);
   // The buffer of a value, running pending work first (an observation point).
@@ -77,7 +81,7 @@ class Engine {
 
   struct Graph;  // defined in engine.cpp
 
-  // ---- torch.compile capture support (used by engine/capture.cpp) -------------------
+  // ---- torch.compile capture support (used by device/capture.cpp) -------------------
   struct CaptureRun {
     ExecutablePtr executable;               // null when there was nothing to run
     std::vector<ValuePtr> params;           // executable parameters, in order
@@ -90,19 +94,32 @@ class Engine {
   // (and any other live pending value) on `device`, donating no parameter. The executable's
   // results are `roots` first. The caller holds the engine lock.
   CaptureRun run_for_capture(const std::vector<ValuePtr>& roots, int device);
-  // Buffers computed outside run_graph (captured executables), for sync(wait=true).
-  void note_results(const std::vector<BufferPtr>& results);
+  // The scalar packs an executable takes after its parameters: floats in the platform's
+  // float type (f64, or f32 where the platform has no f64), ints as i64.
+  BufferPtr upload_float_scalars(const std::vector<double>& values, int device);
+  BufferPtr upload_int_scalars(const std::vector<int64_t>& values, int device);
+  // Launches an executable on `args` (parameters, then the scalar packs it takes) and
+  // counts it; sync(wait=true) waits for its results.
+  std::vector<BufferPtr> launch(Executable& exe, const std::vector<BufferPtr>& args,
+                                const std::vector<TensorType>& result_types, int device);
   // ---- end of capture support ---------------------------------------------------------
 
  private:
-  struct CachedGraph {
-    ExecutablePtr executable;
-  };
+  // The steps of running a graph (run_graph), in order.
+  void plan_donation(Graph& graph);
+  void lift_scalars(Graph& graph);
+  void hash_graph(Graph& graph);
+  ExecutablePtr find_or_compile(Graph& graph);
+  void run_graph(Graph& graph);
+  // The steps of compiling one (find_or_compile on a memory-cache miss).
+  ExecutablePtr compile_graph(Graph& graph);
+  std::string lower_graph(const Graph& graph, std::vector<std::string>* signature);
+  void dump_module(const Graph& graph, const std::string& text);
+  ExecutablePtr load_from_disk(const std::string& key, int device);
+  void note_recompilation(const Graph& graph, std::vector<std::string> signature);
+  DType scalar_float_dtype();
 
   void flush_locked(int device);
-  void run_graph(Graph& graph);
-  ExecutablePtr compile_graph(Graph& graph);
-  void note_compilation(const Graph& graph);
 
   std::atomic<Mode> mode_{Mode::Fused};
   std::recursive_mutex mutex_;
@@ -110,7 +127,7 @@ class Engine {
   int64_t pending_ops_ = 0;
   std::string pending_origin_;
   int64_t max_pending_ops_ = 10000;
-  std::unordered_map<uint64_t, CachedGraph> memory_cache_;
+  std::unordered_map<uint64_t, ExecutablePtr> memory_cache_;
   std::map<std::string, std::vector<std::string>> last_signature_by_origin_;
   std::vector<std::weak_ptr<DeviceBuffer>> last_results_;  // weak: must not block donation
   std::string cache_dir_;

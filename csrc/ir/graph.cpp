@@ -3,8 +3,6 @@
 
 #include <cstring>
 
-#include "lowering/registry.h"
-
 namespace torchtpu {
 
 Node::~Node() {
@@ -12,7 +10,7 @@ Node::~Node() {
 }
 
 uint64_t hash_node(const Node& node) {
-  uint64_t h = hash_string(0x51ED270B27E0C1A5ull, node.rule->op);
+  uint64_t h = node.op.hash();
   for (const Arg& a : node.args) {
     h = hash_mix(h, static_cast<uint64_t>(a.kind) * 2 + a.lifted);
     if (a.lifted) {

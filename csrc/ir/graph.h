@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "ir/types.h"
-#include "runtime/runtime.h"
+#include "base/buffer.h"
+#include "base/types.h"
+#include "ir/op_kind.h"
 
 namespace torchtpu {
 
-struct LoweringRule;
 struct Node;
 
 // One argument of an aten op, in schema order.
@@ -44,7 +44,7 @@ struct Value;
 using ValuePtr = std::shared_ptr<Value>;
 
 struct Node {
-  const LoweringRule* rule = nullptr;
+  OpKind op;
   std::vector<Arg> args;
   std::vector<ValuePtr> operands;
   std::vector<TensorType> outputs;

@@ -129,8 +129,8 @@ void lower_convolution(LoweringContext& ctx, const Node& node) {
 
 // convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
 //                      transposed, output_padding, groups, output_mask) -> (gi, gw, gb)
-// Registered as torchtpu::nn.convolution_backward: a kernel in nn.cpp records only the
-// outputs in output_mask (whose types are node.outputs, in order).
+// Only the outputs in output_mask are node outputs (in order): the device layer records
+// the gradients PyTorch's meta kernel returns defined and sets output_mask to match.
 void lower_convolution_backward(LoweringContext& ctx, const Node& node) {
   V g = ctx.input(node, 0);
   V x = ctx.input(node, 1);
@@ -180,7 +180,7 @@ void lower_convolution_backward(LoweringContext& ctx, const Node& node) {
 }
 
 LOWERING("aten::convolution", lower_convolution);
-LOWERING("torchtpu::nn.convolution_backward", lower_convolution_backward);
+LOWERING("aten::convolution_backward", lower_convolution_backward);
 
 }  // namespace
 }  // namespace torchtpu

@@ -12,7 +12,7 @@ void lower_binary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
-  ctx.set_result(ctx.binary(node.rule->data, a, b));
+  ctx.set_result(ctx.binary(rule_data(node), a, b));
 }
 
 // x * alpha, where alpha is the optional Scalar argument 2 of add/sub/rsub (skipped when it
@@ -29,7 +29,7 @@ void lower_add_sub(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
-  ctx.set_result(ctx.binary(node.rule->data, a, times_alpha(ctx, node, b, out)));
+  ctx.set_result(ctx.binary(rule_data(node), a, times_alpha(ctx, node, b, out)));
 }
 
 // rsub(self, other, alpha): other - alpha * self.
@@ -89,7 +89,7 @@ void lower_compare(LoweringContext& ctx, const Node& node) {
   }
   V a = tensor_or_scalar(ctx, node, 0, compute, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, compute, out.shape);
-  ctx.set_result(ctx.compare(node.rule->data, a, b));
+  ctx.set_result(ctx.compare(rule_data(node), a, b));
 }
 
 // logical_and/or/xor: operands as bools.
@@ -97,7 +97,7 @@ void lower_logical(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = to_type(ctx, ctx.input(node, 0), DType::Bool, out.shape);
   V b = to_type(ctx, ctx.input(node, 1), DType::Bool, out.shape);
-  ctx.set_result(ctx.convert(ctx.binary(node.rule->data, a, b), out.dtype));
+  ctx.set_result(ctx.convert(ctx.binary(rule_data(node), a, b), out.dtype));
 }
 
 void lower_logical_not(LoweringContext& ctx, const Node& node) {

@@ -11,7 +11,7 @@ DType compute_type(DType out) { return out == DType::Float64 ? DType::Float64 : 
 // arange(end) / arange.start(start, end) / arange.start_step(start, end, step)
 void lower_arange(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string kind = node.rule->data;
+  std::string kind = rule_data(node);
   const Arg* start = kind == "end" ? nullptr : &node.args[0];
   const Arg* step = kind == "start_step" ? &node.args[2] : nullptr;
   if (out.numel() == 0) {

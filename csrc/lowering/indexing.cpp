@@ -226,7 +226,7 @@ void lower_scatter(LoweringContext& ctx, const Node& node) {
   V index = ctx.input(node, 2);
   V updates = scatter_updates(ctx, node, 3, index, x.type.dtype);
   const char* combine = nullptr;
-  if (node.rule->data) combine = combiner(node.rule->data, x.type.dtype);
+  if (rule_data(node)) combine = combiner(rule_data(node), x.type.dtype);
   if (node.args.size() > 4 && node.args[4].kind == Arg::Kind::String) combine = combiner(node.args[4].s, x.type.dtype);
   ctx.set_result(scatter_linear(ctx, x, along_dim_positions(ctx, x, dim, index), updates, combine));
 }

@@ -159,7 +159,7 @@ void lower_loss(LoweringContext& ctx, const Node& node) {
   x = to_type(ctx, x, dtype, shape);
   V t = to_type(ctx, t0, dtype, shape);
   double param = node.args.size() > 3 ? node.args[3].as_double() : 0.0;
-  ctx.set_result(reduce_loss(ctx, elementwise_loss(ctx, node.rule->data, x, t, param), node.args[2].as_int(), out));
+  ctx.set_result(reduce_loss(ctx, elementwise_loss(ctx, rule_data(node), x, t, param), node.args[2].as_int(), out));
 }
 
 // *_loss_backward(grad_output, self, target, reduction[, param])
@@ -170,7 +170,7 @@ void lower_loss_backward(LoweringContext& ctx, const Node& node) {
   int64_t reduction = node.args[3].as_int();
   double param = node.args.size() > 4 ? node.args[4].as_double() : 0.0;
   V g = loss_grad(ctx, ctx.input(node, 0), reduction, out.dtype, out.shape);
-  ctx.set_result(mul(ctx, elementwise_loss_grad(ctx, node.rule->data, x, t, param), g));
+  ctx.set_result(mul(ctx, elementwise_loss_grad(ctx, rule_data(node), x, t, param), g));
 }
 
 // binary_cross_entropy(self, target, weight, reduction): log terms clamped at -100 like PyTorch.

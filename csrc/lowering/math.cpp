@@ -93,7 +93,7 @@ void lower_float_unary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V x = ctx.convert(ctx.input(node, 0), e.dt);
-  ctx.set_result(ctx.convert(float_fn(e, node.rule->data, x), out.dtype));
+  ctx.set_result(ctx.convert(float_fn(e, rule_data(node), x), out.dtype));
 }
 
 // gelu(self, approximate="none"|"tanh")
@@ -151,7 +151,7 @@ void lower_gelu_backward(LoweringContext& ctx, const Node& node) {
 void lower_pointwise_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
-  std::string f = node.rule->data;
+  std::string f = rule_data(node);
   V g = e.arg(node, 0);
   V zero = e.k(0.0);
   V r;
@@ -223,7 +223,7 @@ void lower_pointwise_backward(LoweringContext& ctx, const Node& node) {
 void lower_activation(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
-  std::string f = node.rule->data;
+  std::string f = rule_data(node);
   V x = e.arg(node, 0);
   V zero = e.k(0.0);
   V r;
@@ -262,7 +262,7 @@ void lower_activation(LoweringContext& ctx, const Node& node) {
 
 void lower_int_unary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string f = node.rule->data;
+  std::string f = rule_data(node);
   V x0 = ctx.input(node, 0);
   if (!is_floating(out.dtype)) {
     V x = ctx.convert(x0, out.dtype);
@@ -380,7 +380,7 @@ void lower_logaddexp(LoweringContext& ctx, const Node& node) {
   V hi = e.max(a, b);
   V d = e.un("stablehlo.negate", e.un("stablehlo.abs", e.sub(a, b)));
   V r;
-  if (std::string(node.rule->data) == "2") {
+  if (std::string(rule_data(node)) == "2") {
     const double ln2 = M_LN2;
     V t = e.un("stablehlo.log_plus_one", e.un("stablehlo.exponential", e.mul(d, e.k(ln2))));
     r = e.add(hi, e.div(t, e.k(ln2)));
@@ -421,7 +421,7 @@ void lower_remainder(LoweringContext& ctx, const Node& node) {
   Ex e = make_ex(ctx, half ? DType::Float32 : out.dtype, out.shape);
   V a = e.arg(node, 0), b = e.arg(node, 1);
   V mod = ctx.binary("stablehlo.remainder", a, b);
-  if (std::string(node.rule->data) == "remainder") {
+  if (std::string(rule_data(node)) == "remainder") {
     V zero = e.k(0);
     V fix = e.band(e.cmp("NE", mod, zero), e.cmp("NE", e.cmp("LT", b, zero), e.cmp("LT", mod, zero)));
     mod = e.sel(fix, e.add(mod, b), mod);
@@ -434,7 +434,7 @@ void lower_fmax_fmin(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, out.dtype, out.shape);
   V a = e.arg(node, 0), b = e.arg(node, 1);
-  bool is_max = std::string(node.rule->data) == "fmax";
+  bool is_max = std::string(rule_data(node)) == "fmax";
   V m = is_max ? e.max(a, b) : e.min(a, b);
   if (is_floating(out.dtype)) m = e.sel(e.isnan(a), b, e.sel(e.isnan(b), a, m));
   ctx.set_result(m);
@@ -456,7 +456,7 @@ void lower_addc(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V s = e.arg(node, 0), t1 = e.arg(node, 1), t2 = e.arg(node, 2), v = e.arg(node, 3);
-  V r = std::string(node.rule->data) == "addcmul" ? e.add(s, e.mul(e.mul(v, t1), t2)) : e.add(s, e.mul(v, e.div(t1, t2)));
+  V r = std::string(rule_data(node)) == "addcmul" ? e.add(s, e.mul(e.mul(v, t1), t2)) : e.add(s, e.mul(v, e.div(t1, t2)));
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 
@@ -464,7 +464,7 @@ void lower_addc(LoweringContext& ctx, const Node& node) {
 void lower_clamp(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, out.dtype, out.shape);
-  std::string f = node.rule->data;
+  std::string f = rule_data(node);
   V x = e.arg(node, 0);
   V r = x;
   auto present = [&](int i) { return i < static_cast<int>(node.args.size()) && !node.args[i].is_none(); };
@@ -483,7 +483,7 @@ void lower_clamp(LoweringContext& ctx, const Node& node) {
 // isnan / isinf / isfinite / isposinf / isneginf
 void lower_float_class(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string f = node.rule->data;
+  std::string f = rule_data(node);
   V x = ctx.input(node, 0);
   if (!is_floating(x.type.dtype)) {
     ctx.set_result(ctx.constant(f == "isfinite" ? 1 : 0, DType::Bool, out.shape));
@@ -534,11 +534,11 @@ void lower_nan_to_num(LoweringContext& ctx, const Node& node) {
 void lower_bitwise(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, out.dtype, out.shape);
-  if (std::string(node.rule->data) == "stablehlo.not") {
+  if (std::string(rule_data(node)) == "stablehlo.not") {
     ctx.set_result(e.un("stablehlo.not", e.arg(node, 0)));
     return;
   }
-  ctx.set_result(ctx.emit(node.rule->data, {e.arg(node, 0), e.arg(node, 1)}, TensorType{out.shape, out.dtype}));
+  ctx.set_result(ctx.emit(rule_data(node), {e.arg(node, 0), e.arg(node, 1)}, TensorType{out.shape, out.dtype}));
 }
 
 #define FLOAT_UNARY(name) LOWERING("aten::" #name, lower_float_unary, #name)

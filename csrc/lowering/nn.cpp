@@ -54,7 +54,7 @@ V along(LoweringContext& ctx, const V& v, const std::vector<int64_t>& shape, int
 // _softmax(self, dim, half_to_float), _log_softmax(...), _safe_softmax(self, dim, dtype)
 void lower_softmax(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string kind = node.rule->data;
+  std::string kind = rule_data(node);
   V x = ctx.input(node, 0);
   if (kind == "safe") x = ctx.convert(x, out.dtype);
   DType acc = acc_dtype(out.dtype);
@@ -92,7 +92,7 @@ void lower_softmax_backward(LoweringContext& ctx, const Node& node) {
   }
   int64_t dim = wrap_dim(node.args[2].i, g.type.rank());
   V r;
-  if (std::string(node.rule->data) == "log") {
+  if (std::string(rule_data(node)) == "log") {
     r = sub(ctx, g, mul(ctx, ctx.unary("stablehlo.exponential", y), sum_bcast(ctx, g, {dim})));
   } else {
     r = mul(ctx, y, sub(ctx, g, sum_bcast(ctx, mul(ctx, g, y), {dim})));
@@ -347,181 +347,13 @@ LOWERING("aten::_safe_softmax", lower_softmax, "safe");
 LOWERING("aten::_softmax_backward_data", lower_softmax_backward, "softmax");
 LOWERING("aten::_log_softmax_backward_data", lower_softmax_backward, "log");
 LOWERING("aten::native_layer_norm", lower_layer_norm);
-LOWERING("torchtpu::nn.native_layer_norm_backward", lower_layer_norm_backward);
+LOWERING("aten::native_layer_norm_backward", lower_layer_norm_backward);
 LOWERING("aten::native_group_norm", lower_group_norm);
-LOWERING("torchtpu::nn.native_group_norm_backward", lower_group_norm_backward);
+LOWERING("aten::native_group_norm_backward", lower_group_norm_backward);
 LOWERING("aten::_native_batch_norm_legit_functional", lower_batch_norm_functional);
 LOWERING("aten::_native_batch_norm_legit.no_stats", lower_batch_norm_no_stats);
 LOWERING("aten::_native_batch_norm_legit_no_training", lower_batch_norm_no_training);
-LOWERING("torchtpu::nn.native_batch_norm_backward", lower_batch_norm_backward);
-
-}  // namespace
-}  // namespace torchtpu
-
-// -- native_batch_norm: a device kernel, not a lowering ---------------------------------------
-// native_batch_norm updates running_mean/running_var in place although its schema does not
-// say so; a lowering is a pure function, so this kernel runs the functional form
-// (_native_batch_norm_legit_functional, lowered above) and stores the new statistics into
-// the running tensors.
-#include <ATen/FunctionalTensorWrapper.h>
-#include <ATen/ops/_native_batch_norm_legit.h>
-#include <ATen/ops/empty.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
-
-#include <mutex>
-#include <sstream>
-#include <unordered_map>
-
-#include "device/tensor.h"
-#include "engine/engine.h"
-
-namespace torchtpu {
-namespace {
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_native_batch_norm(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
-    double momentum, double eps) {
-  bool has_running = running_mean.has_value() && running_mean->defined() && running_var.has_value() &&
-                     running_var->defined();
-  if (!has_running) return at::_native_batch_norm_legit(input, weight, bias, training, momentum, eps);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("aten::_native_batch_norm_legit_functional", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                           const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           const at::Tensor&, const at::Tensor&, bool, double, double)>();
-  auto r = op.call(input, weight, bias, *running_mean, *running_var, training, momentum, eps);
-  if (training) {
-    store_value(*running_mean, value_of(std::get<3>(r), running_mean->device().index()));
-    store_value(*running_var, value_of(std::get<4>(r), running_var->device().index()));
-  }
-  return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
-}
-
-// -- backward ops with an output_mask ----------------------------------------------------------
-// The generic kernel cannot record ops whose meta kernel returns undefined tensors (outputs
-// left out by output_mask): it takes the type of every returned tensor. These ops get this
-// kernel instead: it records only the defined outputs with the lowering registered as
-// "torchtpu::nn.<op>" (which emits results for the masked-in outputs) and returns undefined
-// tensors for the others, as PyTorch's CPU kernels do.
-
-c10::IValue to_meta_value(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    if (!t.defined()) return v;
-    return at::empty(t.sizes(), t.options().device(c10::kMeta));
-  }
-  return v;
-}
-
-void masked_backward_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  size_t n = schema.arguments().size();
-  std::vector<c10::IValue> args(stack->end() - n, stack->end());
-  std::string name = "torchtpu::nn." + schema.name().substr(6);
-  const LoweringRule* rule = find_lowering(name);
-  TORCH_CHECK(rule, "torchtpu: no lowering ", name);
-  // Output types from the meta kernel, cached by the arguments' signature: these ops' meta
-  // kernels are Python decompositions (native_layer_norm_backward's runs ~30 ops), which
-  // cost more than everything else in a fused training step when run on every call.
-  std::ostringstream key;
-  key << name;
-  for (const auto& a : args) {
-    key << '|';
-    if (a.isTensor()) {
-      const at::Tensor& t = a.toTensor();
-      if (t.defined()) key << static_cast<int>(t.scalar_type()) << t.sizes();
-      else key << 'u';
-    } else if (a.isBoolList()) {
-      for (bool b : a.toBoolList()) key << b;
-    } else if (a.isSymIntList()) {
-      for (const c10::SymInt& v : a.toSymIntList()) key << v << ',';
-    } else if (a.isInt() || a.isBool() || a.isDouble() || a.isSymInt() || a.isIntList()) {
-      key << a;
-    } else {
-      key << a.tagKind();
-    }
-  }
-  static std::mutex cache_mutex;
-  static std::unordered_map<std::string, std::pair<std::vector<TensorType>, std::vector<bool>>> cache;
-  std::vector<TensorType> types;
-  std::vector<bool> defined;
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    auto it = cache.find(key.str());
-    if (it != cache.end()) std::tie(types, defined) = it->second;
-  }
-  if (defined.empty()) {
-    torch::jit::Stack meta;
-    for (const auto& a : args) meta.push_back(to_meta_value(a));
-    {
-      c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    }
-    for (const auto& r : meta) {
-      bool d = r.isTensor() && r.toTensor().defined();
-      defined.push_back(d);
-      if (d) types.push_back(tensor_type_of(r.toTensor()));
-    }
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    cache.emplace(key.str(), std::make_pair(types, defined));
-  }
-  // Arguments -> node args (these schemas have no Scalar arguments: nothing is lifted).
-  int device = -1;
-  for (const auto& a : args)
-    if (a.isTensor() && is_tpu(a.toTensor())) {
-      device = a.toTensor().device().index();
-      break;
-    }
-  if (device < 0) device = current_device();
-  std::vector<Arg> node_args;
-  std::vector<ValuePtr> operands;
-  for (size_t i = 0; i < n; ++i) {
-    const c10::IValue& v = args[i];
-    Arg a;
-    if (v.isTensor()) {
-      if (v.toTensor().defined()) {
-        operands.push_back(value_of(v.toTensor(), device));
-        a = Arg::tensor(static_cast<int>(operands.size() - 1));
-      }
-    } else if (v.isBool()) {
-      a = Arg::boolean(v.toBool());
-    } else if (v.isInt()) {
-      a = Arg::integer(v.toInt());
-    } else if (v.isSymInt()) {
-      a = Arg::integer(v.toSymInt().guard_int(__FILE__, __LINE__));
-    } else if (v.isDouble()) {
-      a = Arg::real(v.toDouble());
-    } else if (v.isBoolList()) {
-      a.kind = Arg::Kind::BoolList;
-      for (bool b : v.toBoolList()) a.ints.push_back(b);
-      if (schema.arguments()[i].name() == "output_mask")
-        for (size_t k = 0; k < a.ints.size() && k < defined.size(); ++k) a.ints[k] = defined[k];
-    } else if (v.isIntList()) {
-      a.kind = Arg::Kind::IntList;
-      a.ints = v.toIntVector();
-    } else if (v.isSymIntList()) {
-      a.kind = Arg::Kind::IntList;
-      for (const c10::SymInt& si : v.toSymIntList()) a.ints.push_back(si.guard_int(__FILE__, __LINE__));
-    } else {
-      TORCH_CHECK(v.isNone(), "torchtpu: unexpected argument of ", name);
-    }
-    node_args.push_back(std::move(a));
-  }
-  std::vector<ValuePtr> values;
-  if (!types.empty()) values = Engine::get().record(rule, std::move(node_args), std::move(operands), types, device);
-  torch::jit::drop(*stack, n);
-  size_t next = 0;
-  for (bool d : defined) stack->push_back(d ? wrap_for_user(make_tensor(values[next++])) : at::Tensor());
-}
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("native_batch_norm", TORCH_FN(tpu_native_batch_norm));
-  for (const char* op : {"native_layer_norm_backward", "native_group_norm_backward", "native_batch_norm_backward",
-                         "convolution_backward"})
-    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&masked_backward_kernel>());
-}
+LOWERING("aten::native_batch_norm_backward", lower_batch_norm_backward);
 
 }  // namespace
 }  // namespace torchtpu

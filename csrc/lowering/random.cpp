@@ -39,7 +39,7 @@ void lower_uniform(LoweringContext& ctx, const Node& node) {
 void lower_normal(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   DType ct = float_compute(out.dtype);
-  std::string kind = node.rule->data;
+  std::string kind = rule_data(node);
   int mean_arg = kind == "functional" ? 1 : 0;
   V z = standard_normal(ctx, node, out.shape, ct);
   V mean = ctx.has_input(node, mean_arg) ? to_type(ctx, ctx.input(node, mean_arg), ct, out.shape)
@@ -57,7 +57,7 @@ void lower_bernoulli(LoweringContext& ctx, const Node& node) {
     ct = DType::Float64;
   V p;
   if (ctx.has_input(node, 1)) p = to_type(ctx, ctx.input(node, 1), ct, out.shape);
-  else if (node.rule->data) p = ctx.constant(node.args[1].as_double(), ct, out.shape);  // .p
+  else if (rule_data(node)) p = ctx.constant(node.args[1].as_double(), ct, out.shape);  // .p
   else p = to_type(ctx, ctx.input(node, 0), ct, out.shape);                           // bernoulli(self)
   V u = ctx.random_uniform(node, out.shape, ct);
   ctx.set_result(ctx.convert(ctx.compare("LT", u, p), out.dtype));
@@ -82,7 +82,7 @@ int64_t mantissa_range(DType dtype) {
 // [from, to) (default bounds as PyTorch: the exactly representable range of the dtype).
 void lower_random(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string kind = node.rule->data;
+  std::string kind = rule_data(node);
   int64_t from = 0, range = 0;
   if (kind == "from") {
     from = node.args[1].i;

@@ -56,7 +56,7 @@ void lower_sum_mean(LoweringContext& ctx, const Node& node) {
   std::vector<int64_t> dims = has_dims ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
   DType acc = acc_dtype(out.dtype);
   V total = sum_dims(ctx, ctx.convert(x, acc), dims);
-  if (node.rule->data && std::string(node.rule->data) == "mean") {
+  if (rule_data(node) && std::string(rule_data(node)) == "mean") {
     int64_t count = count_of(x, dims);
     total = ctx.binary("stablehlo.divide", total, ctx.constant(static_cast<double>(count), acc, total.type.shape));
   }
@@ -76,7 +76,7 @@ void lower_prod(LoweringContext& ctx, const Node& node) {
 
 // var.correction / std.correction (self, dim?, correction?, keepdim) and *_mean.correction.
 void lower_var_std(LoweringContext& ctx, const Node& node) {
-  std::string f = node.rule->data;
+  std::string f = rule_data(node);
   const TensorType& out = ctx.out(node);
   V x0 = ctx.input(node, 0);
   std::vector<int64_t> dims = reduced_dims(node, 1, x0.type.rank());
@@ -103,7 +103,7 @@ void lower_var_std(LoweringContext& ctx, const Node& node) {
 // max/min (unary), amax/amin(self, dim[], keepdim): NaN propagates.
 void lower_extremum(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  bool is_max = std::string(node.rule->data) == "max";
+  bool is_max = std::string(rule_data(node)) == "max";
   V x = ctx.input(node, 0);
   std::vector<int64_t> dims = node.args.size() > 1 ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
   DType dt = x.type.dtype;
@@ -149,7 +149,7 @@ std::vector<V> arg_reduce(LoweringContext& ctx, const V& x, int64_t dim, bool is
 
 // max.dim / min.dim (self, dim, keepdim) -> (values, indices)
 void lower_extremum_dim(LoweringContext& ctx, const Node& node) {
-  bool is_max = std::string(node.rule->data) == "max";
+  bool is_max = std::string(rule_data(node)) == "max";
   V x = ctx.input(node, 0);
   if (x.type.rank() == 0) {
     ctx.set_results({x, ctx.constant_int(0, DType::Int64)});
@@ -163,7 +163,7 @@ void lower_extremum_dim(LoweringContext& ctx, const Node& node) {
 // argmax / argmin (self, dim?, keepdim)
 void lower_argextremum(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  bool is_max = std::string(node.rule->data) == "max";
+  bool is_max = std::string(rule_data(node)) == "max";
   V x = ctx.input(node, 0);
   int64_t dim = 0;
   if (node.args[1].is_none() || x.type.rank() == 0) {
@@ -192,7 +192,7 @@ void lower_logsumexp(LoweringContext& ctx, const Node& node) {
 // any / all (self) (.dim, .dims)
 void lower_any_all(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  bool is_any = std::string(node.rule->data) == "any";
+  bool is_any = std::string(rule_data(node)) == "any";
   V x = ctx.convert(ctx.input(node, 0), DType::Bool);
   std::vector<int64_t> dims = node.args.size() > 1 ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
   V r = ctx.reduce(x, dims, ctx.constant(is_any ? 0 : 1, DType::Bool), is_any ? "stablehlo.or" : "stablehlo.and");
@@ -206,7 +206,7 @@ void lower_vector_norm(LoweringContext& ctx, const Node& node) {
   double ord = node.args[1].is_none() ? 2.0 : node.args[1].as_double();
   DType acc = acc_dtype(out.dtype);
   V x = ctx.convert(ctx.input(node, 0), acc);
-  bool all = node.rule->data && std::string(node.rule->data) == "all";  // no dim argument
+  bool all = rule_data(node) && std::string(rule_data(node)) == "all";  // no dim argument
   std::vector<int64_t> dims = all ? all_dims(x.type.rank()) : reduced_dims(node, 2, x.type.rank());
   V a = ctx.unary("stablehlo.abs", x);
   V r;
@@ -233,7 +233,7 @@ void lower_vector_norm(LoweringContext& ctx, const Node& node) {
 // cumsum / cumprod (self, dim, dtype?): a reduce_window over the prefix along dim.
 void lower_cumulative(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  bool is_sum = std::string(node.rule->data) == "sum";
+  bool is_sum = std::string(rule_data(node)) == "sum";
   DType acc = acc_dtype(out.dtype);
   V x = ctx.convert(ctx.input(node, 0), acc);
   if (x.type.rank() == 0 || x.type.numel() == 0) {

@@ -1,35 +1,58 @@
-// Storage of the lowering table; rules register themselves from each lowering file.
+// Storage of the lowering table; rules register themselves from each lowering file (at load
+// time, before any lookup).
 #include "lowering/registry.h"
 
 #include <algorithm>
+#include <memory>
 #include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
 namespace torchtpu {
 namespace {
-std::unordered_map<std::string, LoweringRule>& table() {
-  static std::unordered_map<std::string, LoweringRule> rules;
-  return rules;
+
+struct Table {
+  std::unordered_map<std::string, std::unique_ptr<LoweringRule>> by_name;
+  std::vector<const LoweringRule*> by_kind;  // indexed by OpKind::id()
+};
+
+Table& table() {
+  static Table* rules = new Table();  // never destroyed: lookups may run during teardown
+  return *rules;
 }
+
 }  // namespace
 
 RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data, bool static_scalars,
                                    bool random) {
-  auto& rules = table();
-  if (rules.count(op)) throw std::logic_error(std::string("torchtpu: two lowerings for ") + op);
-  rules[op] = LoweringRule{op, fn, data, static_scalars, random};
+  Table& t = table();
+  auto& slot = t.by_name[op];
+  if (slot) throw std::logic_error(std::string("torchtpu: two lowerings for ") + op);
+  slot.reset(new LoweringRule{OpKind::intern(op), fn, data, static_scalars, random});
+  uint32_t id = slot->kind.id();
+  if (t.by_kind.size() <= id) t.by_kind.resize(id + 1, nullptr);
+  t.by_kind[id] = slot.get();
 }
 
 const LoweringRule* find_lowering(const std::string& op) {
-  auto& rules = table();
-  auto it = rules.find(op);
-  return it == rules.end() ? nullptr : &it->second;
+  Table& t = table();
+  auto it = t.by_name.find(op);
+  return it == t.by_name.end() ? nullptr : it->second.get();
+}
+
+const LoweringRule* find_lowering(OpKind kind) {
+  Table& t = table();
+  return kind.id() < t.by_kind.size() ? t.by_kind[kind.id()] : nullptr;
+}
+
+const char* rule_data(const Node& node) {
+  const LoweringRule* rule = find_lowering(node.op);
+  return rule ? rule->data : nullptr;
 }
 
 std::vector<std::string> lowered_ops() {
   std::vector<std::string> names;
-  for (auto& [name, rule] : table()) names.push_back(name);
+  for (auto& [name, rule] : table().by_name) names.push_back(name);
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -1,18 +1,19 @@
-// The table of aten-op lowerings: op name ("aten::add.Tensor") -> emitter function.
+// The table of aten-op lowerings: op kind ("aten::add.Tensor") -> emitter function.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "ir/graph.h"
+
 namespace torchtpu {
 
 class LoweringContext;
-struct Node;
 
 using LowerFn = void (*)(LoweringContext& ctx, const Node& node);
 
 struct LoweringRule {
-  std::string op;
+  OpKind kind;
   LowerFn lower = nullptr;
   const char* data = nullptr;   // family parameter, e.g. the StableHLO op of an elementwise rule
   bool static_scalars = false;  // Scalar arguments are compile-time constants (e.g. arange bounds)
@@ -20,6 +21,9 @@ struct LoweringRule {
 };
 
 const LoweringRule* find_lowering(const std::string& op);
+const LoweringRule* find_lowering(OpKind kind);
+// The family parameter of the node's rule (LOWERING's third argument), or nullptr.
+const char* rule_data(const Node& node);
 std::vector<std::string> lowered_ops();
 
 struct RegisterLowering {

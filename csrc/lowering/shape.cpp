@@ -161,7 +161,7 @@ Geometry as_strided_geometry(const Node& node, int size_arg) {
 // The geometry of a view op's node, given the shape of its base; `first` is the index of the
 // first argument after the tensor(s).
 Geometry view_geometry(const Node& node, const std::vector<int64_t>& base, int first) {
-  std::string kind = node.rule->data;
+  std::string kind = rule_data(node);
   const auto& a = node.args;
   if (kind == "slice")
     return slice_geometry(base, a[first].i, a[first + 1], a[first + 2], a[first + 3].is_none() ? 1 : a[first + 3].i);
@@ -208,7 +208,7 @@ void lower_view_backward(LoweringContext& ctx, const Node& node) {
 void lower_split(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   int64_t rank = x.type.rank();
-  std::string kind = node.rule->data;
+  std::string kind = rule_data(node);
   int dim_arg = kind == "unbind" || kind == "narrow" ? 1 : 2;
   int64_t dim = wrap_dim(node.args[dim_arg].i, rank);
   int64_t start = 0;
@@ -307,7 +307,7 @@ void lower_tri(LoweringContext& ctx, const Node& node) {
   int64_t k = node.args.size() > 1 ? node.args[1].i : 0;
   TensorType it{shape, DType::Int64};
   V diff = ctx.binary("stablehlo.subtract", ctx.iota(it, rank - 1), ctx.iota(it, rank - 2));
-  V keep = ctx.compare(node.rule->data, diff, ctx.constant_int(k, DType::Int64, shape));
+  V keep = ctx.compare(rule_data(node), diff, ctx.constant_int(k, DType::Int64, shape));
   ctx.set_result(ctx.select(keep, x, ctx.constant(0, x.type.dtype, shape)));
 }
 
@@ -375,7 +375,7 @@ V pad_index(LoweringContext& ctx, const std::vector<int64_t>& in_shape, const st
 void lower_index_pad(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   std::vector<int64_t> shape;
-  V idx = pad_index(ctx, x.type.shape, node.args[1].ints, std::string(node.rule->data) == "reflect", &shape);
+  V idx = pad_index(ctx, x.type.shape, node.args[1].ints, std::string(rule_data(node)) == "reflect", &shape);
   ctx.set_result(gather_linear(ctx, x, idx));
 }
 
@@ -384,7 +384,7 @@ void lower_index_pad_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V grad = ctx.input(node, 0);
   std::vector<int64_t> shape;
-  V idx = pad_index(ctx, out.shape, node.args[2].ints, std::string(node.rule->data) == "reflect", &shape);
+  V idx = pad_index(ctx, out.shape, node.args[2].ints, std::string(rule_data(node)) == "reflect", &shape);
   ctx.set_result(scatter_linear(ctx, ctx.constant(0, out.dtype, out.shape), idx, grad, "stablehlo.add"));
 }
 

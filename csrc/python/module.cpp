@@ -5,12 +5,13 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "device/capture.h"
 #include "device/generator.h"
 #include "device/kernels.h"
 #include "device/tensor.h"
-#include "engine/capture.h"
 #include "engine/engine.h"
 #include "lowering/registry.h"
+#include "runtime/jaxlib_runtime.h"
 
 namespace py = pybind11;
 using namespace torchtpu;
@@ -50,6 +51,31 @@ void python_warn(const std::string& message) {
   if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) PyErr_Clear();
 }
 
+// Waits (for the engine lock) with the GIL released if this thread holds it.
+void without_gil(const std::function<void()>& wait) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* state = PyEval_SaveThread();
+    wait();
+    PyEval_RestoreThread(state);
+  } else {
+    wait();
+  }
+}
+
+// The lowered ops torch.compile keeps whole (torchtpu/compiler.py decomposes the others).
+// Three backward ops with an output_mask are left out: their lowerings were registered
+// under other names until they went through the generic kernel, so compile has always
+// used PyTorch's decompositions of them (and the bucketing rules of _buckets.py follow
+// those). Dropping this filter would let compile keep them whole, as eager mode does.
+std::vector<std::string> compile_lowered_ops() {
+  std::vector<std::string> names;
+  for (const std::string& name : lowered_ops())
+    if (name != "aten::native_layer_norm_backward" && name != "aten::native_group_norm_backward" &&
+        name != "aten::native_batch_norm_backward")
+      names.push_back(name);
+  return names;
+}
+
 py::dict counters() {
   Metrics& m = Engine::get().metrics();
   py::dict d;
@@ -87,6 +113,7 @@ PYBIND11_MODULE(_C, m) {
   register_hooks();
   Engine::get().hooks().python_origin = python_origin;
   Engine::get().hooks().warn = python_warn;
+  Engine::get().hooks().without_gil = without_gil;
 
   m.def("init", [](const std::string& platform, int cpu_devices) { init_runtime(platform, cpu_devices); },
         py::arg("platform"), py::arg("cpu_devices") = 1);
@@ -115,7 +142,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_max_pending_ops", [](int64_t n) { Engine::get().set_max_pending_ops(n); });
   m.def("clear_memory_cache", [] { Engine::get().clear_memory_cache(); }, py::call_guard<py::gil_scoped_release>());
   m.def("set_fallback_policy", &set_fallback_policy);
-  m.def("lowered_ops", &lowered_ops);
+  m.def("lowered_ops", &compile_lowered_ops);
   m.def("memory_allocated", [](int d) { return device_bytes_in_use(d); });
   m.def("max_memory_allocated", [](int d) { return device_bytes_peak(d); });
   m.def("reset_peak_memory", [](int d) { reset_device_bytes_peak(d); });
@@ -127,7 +154,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("initial_seed", [](int d) { return default_generator(d).current_seed(); });
   m.def("default_generator", [](int d) { return default_generator(d); });
 
-  // ---- torch.compile: captured graphs (engine/capture.h, torchtpu/compiler.py) ----------
+  // ---- torch.compile: captured graphs (device/capture.h, torchtpu/compiler.py) ----------
   struct CaptureHandle {
     CapturePtr capture;
   };

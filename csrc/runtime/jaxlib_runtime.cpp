@@ -9,16 +9,13 @@
 #include <cstring>
 #include <mutex>
 
+#include "runtime/jaxlib_runtime.h"
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
 
 namespace torchtpu {
 namespace {
-
-constexpr int kMaxDevices = 64;
-std::atomic<int64_t> g_bytes_in_use[kMaxDevices];
-std::atomic<int64_t> g_bytes_peak[kMaxDevices];
 
 bool python_alive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
 
@@ -111,13 +108,15 @@ class JaxlibRuntime final : public Runtime {
   const std::string& platform() const override { return platform_; }
   int device_count() const override { return static_cast<int>(devices_.size()); }
   const std::string& version() const override { return version_; }
+  bool has_float64() const override { return platform_ != "tpu"; }
 
-  ExecutablePtr compile(const std::string& module_text, int device) override {
+  ExecutablePtr compile(const std::string& module_text, const CompileOptions& options) override {
     py::gil_scoped_acquire gil;
     try {
       py::list devices;
-      devices.append(devices_[device]);
-      py::object exe = client_.attr("compile_and_load")(py::bytes(module_text), devices, compile_options(device));
+      devices.append(devices_[options.device]);
+      py::object exe =
+          client_.attr("compile_and_load")(py::bytes(module_text), devices, compile_options(options));
       return std::make_shared<JaxExecutable>(std::move(exe));
     } catch (py::error_already_set& e) {
       rethrow("compiling a graph", e);
@@ -228,13 +227,14 @@ class JaxlibRuntime final : public Runtime {
     }
   }
 
-  ExecutablePtr deserialize(const std::string& bytes, int device) override {
+  ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options) override {
     py::gil_scoped_acquire gil;
     try {
       py::list devices;
-      devices.append(devices_[device]);
+      devices.append(devices_[options.device]);
       py::object device_list = jax_module_.attr("DeviceList")(py::tuple(devices));
-      py::object exe = client_.attr("deserialize_executable")(py::bytes(bytes), device_list, compile_options(device));
+      py::object exe =
+          client_.attr("deserialize_executable")(py::bytes(bytes), device_list, compile_options(options));
       return std::make_shared<JaxExecutable>(std::move(exe));
     } catch (py::error_already_set& e) {
       rethrow("loading a cached executable", e);
@@ -243,9 +243,9 @@ class JaxlibRuntime final : public Runtime {
 
  private:
   // Options that bind an executable to one device (the default assignment is device 0).
-  py::object compile_options(int device) {
+  py::object compile_options(const CompileOptions& compile) {
     py::object options = xla_client_.attr("CompileOptions")();
-    py::object id = devices_[device].attr("id");
+    py::object id = devices_[compile.device].attr("id");
     py::object assignment = numpy_.attr("array")(py::make_tuple(py::make_tuple(id)));
     options.attr("executable_build_options").attr("device_assignment") =
         xla_client_.attr("DeviceAssignment").attr("create")(assignment);
@@ -263,27 +263,13 @@ class JaxlibRuntime final : public Runtime {
   std::string version_;
 };
 
-Runtime* g_runtime = nullptr;  // never destroyed: its Python objects outlive the interpreter
-std::mutex g_runtime_mutex;
+std::mutex g_init_mutex;
 
 }  // namespace
 
-DeviceBuffer::DeviceBuffer(TensorType t, int d) : type(std::move(t)), device(d) {
-  int64_t now = g_bytes_in_use[device].fetch_add(type.nbytes()) + type.nbytes();
-  int64_t peak = g_bytes_peak[device].load();
-  while (now > peak && !g_bytes_peak[device].compare_exchange_weak(peak, now)) {
-  }
-}
-
-DeviceBuffer::~DeviceBuffer() { g_bytes_in_use[device].fetch_sub(type.nbytes()); }
-
-int64_t device_bytes_in_use(int device) { return g_bytes_in_use[device].load(); }
-int64_t device_bytes_peak(int device) { return g_bytes_peak[device].load(); }
-void reset_device_bytes_peak(int device) { g_bytes_peak[device].store(g_bytes_in_use[device].load()); }
-
 void init_runtime(const std::string& requested_platform, int cpu_device_count) {
-  std::lock_guard<std::mutex> lock(g_runtime_mutex);
-  if (g_runtime) return;
+  std::lock_guard<std::mutex> lock(g_init_mutex);
+  if (runtime_initialized()) return;
   py::gil_scoped_acquire gil;
   py::module_ jax;
   try {
@@ -330,14 +316,7 @@ void init_runtime(const std::string& requested_platform, int cpu_device_count) {
                              ". Install its jax plugin or choose another platform.");
   }
   py::object client = bridge.attr("get_backend")(platform);
-  g_runtime = new JaxlibRuntime(client, platform);
-}
-
-bool runtime_initialized() { return g_runtime != nullptr; }
-
-Runtime& runtime() {
-  if (!g_runtime) throw std::runtime_error("torchtpu: runtime used before torchtpu was initialised");
-  return *g_runtime;
+  install_runtime(new JaxlibRuntime(client, platform));  // never destroyed: its Python objects outlive the interpreter
 }
 
 }  // namespace torchtpu

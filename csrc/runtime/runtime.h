@@ -1,43 +1,27 @@
-// The Runtime interface: compile StableHLO, run executables, move buffers (no torch headers).
-// Every jaxlib call lives behind this interface, in jaxlib_runtime.cpp.
+// The Runtime interface: compile StableHLO, run executables, move buffers (no torch or
+// Python headers). Every jaxlib call lives behind it, in jaxlib_runtime.cpp.
 #pragma once
 
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "ir/types.h"
+#include "base/buffer.h"
+#include "base/types.h"
 
 struct DLManagedTensor;
 
 namespace torchtpu {
-
-// A buffer in device memory. Freed when the last owner lets go.
-struct DeviceBuffer {
-  TensorType type;
-  int device = 0;
-  explicit DeviceBuffer(TensorType t, int d);
-  virtual ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-using BufferPtr = std::shared_ptr<DeviceBuffer>;
-
-struct Executable {
-  virtual ~Executable() = default;
-};
-using ExecutablePtr = std::shared_ptr<Executable>;
 
 // The device ran out of memory; the device layer raises torch.OutOfMemoryError.
 struct DeviceOutOfMemory : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Bytes currently held in device buffers, per process (all devices).
-int64_t device_bytes_in_use(int device);
-int64_t device_bytes_peak(int device);
-void reset_device_bytes_peak(int device);
+// How a module is compiled: which device its executable runs on.
+struct CompileOptions {
+  int device = 0;
+};
 
 class Runtime {
  public:
@@ -46,7 +30,10 @@ class Runtime {
   virtual int device_count() const = 0;
   // Identifies the compiler for cache keys: "jaxlib 0.10.2 cpu <platform_version>".
   virtual const std::string& version() const = 0;
-  virtual ExecutablePtr compile(const std::string& module_text, int device) = 0;
+  // Whether the platform computes in float64 (TPUs do not): lifted float scalars travel
+  // as f64 where it does, as f32 where it does not.
+  virtual bool has_float64() const = 0;
+  virtual ExecutablePtr compile(const std::string& module_text, const CompileOptions& options) = 0;
   // Runs asynchronously: returns buffers whose contents may still be computing.
   virtual std::vector<BufferPtr> execute(Executable& exe, const std::vector<BufferPtr>& args,
                                          const std::vector<TensorType>& result_types,
@@ -60,11 +47,12 @@ class Runtime {
   virtual DLManagedTensor* download(const DeviceBuffer& buffer) = 0;
   virtual void wait(const DeviceBuffer& buffer) = 0;
   virtual std::string serialize(Executable& exe) = 0;
-  virtual ExecutablePtr deserialize(const std::string& bytes, int device) = 0;
+  virtual ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options) = 0;
 };
 
-// Chooses the platform ("" = best present) and creates the runtime once.
-void init_runtime(const std::string& requested_platform, int cpu_device_count);
+// The process's runtime, installed once (init_runtime in jaxlib_runtime.h; a C++ test
+// installs its own) and never destroyed: its buffers may outlive static teardown.
+void install_runtime(Runtime* runtime);
 bool runtime_initialized();
 Runtime& runtime();
 

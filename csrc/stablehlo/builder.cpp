@@ -6,8 +6,6 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "lowering/registry.h"
-
 namespace torchtpu {
 
 std::string format_list(const std::vector<int64_t>& dims) {
@@ -70,17 +68,17 @@ void LoweringContext::begin_node(const Node& node, std::vector<V> operands, std:
   lifted_slots_ = std::move(lifted_slots);
   results_.clear();
   rng_calls_ = 0;
-  body_ += "    // " + node.rule->op + "\n";
+  body_ += "    // " + node.op.name() + "\n";
 }
 
 std::vector<V> LoweringContext::finish_node(const Node& node) {
   if (results_.size() != node.outputs.size())
-    throw std::logic_error("torchtpu: lowering of " + node.rule->op + " produced " +
+    throw std::logic_error("torchtpu: lowering of " + node.op.name() + " produced " +
                            std::to_string(results_.size()) + " results, expected " +
                            std::to_string(node.outputs.size()));
   for (size_t i = 0; i < results_.size(); ++i) {
     if (results_[i].type != node.outputs[i])
-      throw std::logic_error("torchtpu: lowering of " + node.rule->op + " result " + std::to_string(i) +
+      throw std::logic_error("torchtpu: lowering of " + node.op.name() + " result " + std::to_string(i) +
                              " has type " + results_[i].type.str() + " but PyTorch expects " +
                              node.outputs[i].str());
   }
@@ -90,7 +88,7 @@ std::vector<V> LoweringContext::finish_node(const Node& node) {
 V LoweringContext::input(const Node& node, int arg) const {
   const Arg& a = node.args.at(arg);
   if (a.kind != Arg::Kind::Tensor)
-    throw std::logic_error("torchtpu: argument " + std::to_string(arg) + " of " + node.rule->op + " is not a tensor");
+    throw std::logic_error("torchtpu: argument " + std::to_string(arg) + " of " + node.op.name() + " is not a tensor");
   return operands_.at(a.operands[0]);
 }
 
@@ -114,7 +112,7 @@ V LoweringContext::scalar_at(const Node& node, int arg, size_t index, DType dtyp
     if (a.kind == Arg::Kind::IntList) return constant_int(a.ints.at(index), dtype);
     if (a.kind == Arg::Kind::Double) return constant(a.d, dtype);
     if (a.kind == Arg::Kind::Int || a.kind == Arg::Kind::Bool) return constant_int(a.i, dtype);
-    throw std::logic_error("torchtpu: argument " + std::to_string(arg) + " of " + node.rule->op + " is not a number");
+    throw std::logic_error("torchtpu: argument " + std::to_string(arg) + " of " + node.op.name() + " is not a number");
   }
   int slot = lifted_slots_.at(arg) + static_cast<int>(index);
   bool is_float = a.kind == Arg::Kind::Double || a.kind == Arg::Kind::DoubleList;

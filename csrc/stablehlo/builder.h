@@ -1,4 +1,5 @@
-// LoweringContext: writes the body of one StableHLO function as text, op by op.
+// LoweringContext: writes the body of one StableHLO function as text, op by op (the module
+// around it comes from ModuleBuilder, stablehlo/module.h).
 // Lowerings call its helpers; everything is emitted in MLIR's generic form so the text is
 // uniform, deterministic and easy to diff.
 #pragma once
@@ -21,8 +22,6 @@ std::string format_list(const std::vector<int64_t>& dims);  // "[0, 1]"
 
 class LoweringContext {
  public:
-  explicit LoweringContext(bool float_scalars_f32) : float_scalars_f32_(float_scalars_f32) {}
-
   // --- set up by the graph builder -------------------------------------------------------
   void begin_node(const Node& node, std::vector<V> operands, std::vector<int> lifted_slots);
   std::vector<V> finish_node(const Node& node);
@@ -84,7 +83,6 @@ class LoweringContext {
  private:
   void append(const std::string& line) { body_ += line; }
 
-  bool float_scalars_f32_;
   std::string body_;
   int counter_ = 0;
   int rng_calls_ = 0;

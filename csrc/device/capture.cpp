@@ -1,5 +1,5 @@
 // Compiled-graph capture and replay for torch.compile (see capture.h and torchtpu/compiler.py).
-#include "engine/capture.h"
+#include "device/capture.h"
 
 #include <ATen/FunctionalStorageImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
@@ -67,22 +67,6 @@ int device_of(const std::vector<at::Tensor>& inputs, const std::vector<at::Tenso
     for (const at::Tensor& t : *list)
       if (is_tpu(t)) return t.device().index();
   return current_device();
-}
-
-BufferPtr upload_scalars(const std::vector<double>& values, int device) {
-  Runtime& rt = runtime();
-  bool f32 = rt.platform() == "tpu";  // as in Engine::run_graph
-  TensorType t{{static_cast<int64_t>(values.size())}, f32 ? DType::Float32 : DType::Float64};
-  if (f32) {
-    std::vector<float> narrow(values.begin(), values.end());
-    return rt.upload_bytes(narrow.data(), t, device);
-  }
-  return rt.upload_bytes(values.data(), t, device);
-}
-
-BufferPtr upload_ints(const std::vector<int64_t>& values, int device) {
-  TensorType t{{static_cast<int64_t>(values.size())}, DType::Int64};
-  return runtime().upload_bytes(values.data(), t, device);
 }
 
 // The value of the base of a functional tensor's storage (what views of it are computed
@@ -201,8 +185,8 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
   capture->float_scalars = std::move(run.float_scalars);
   capture->int_scalars = std::move(run.int_scalars);
   capture->random_seed_slots = std::move(run.random_seed_slots);
-  if (!capture->float_scalars.empty()) capture->float_pack = upload_scalars(capture->float_scalars, device);
-  if (!capture->int_scalars.empty()) capture->int_pack = upload_ints(capture->int_scalars, device);
+  if (!capture->float_scalars.empty()) capture->float_pack = e.upload_float_scalars(capture->float_scalars, device);
+  if (!capture->int_scalars.empty()) capture->int_pack = e.upload_int_scalars(capture->int_scalars, device);
   capture->result_types = std::move(run.result_types);  // roots first, then values only kept live
   capture->first_results = roots;
   g_captures++;
@@ -254,12 +238,10 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
           ints[slot] = gen->next_key();
           ints[slot + 1] = 0;
         }
-        args.push_back(upload_ints(ints, c.device));
+        args.push_back(e.upload_int_scalars(ints, c.device));
       }
     }
-    results = runtime().execute(*c.executable, args, c.result_types, c.device);
-    e.metrics().execute_count++;
-    e.note_results(results);
+    results = e.launch(*c.executable, args, c.result_types, c.device);
   }
   g_replays++;
   std::vector<at::Tensor> root_tensors;

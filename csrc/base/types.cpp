@@ -1,5 +1,5 @@
 // Element-type tables and tensor-type printing.
-#include "ir/types.h"
+#include "base/types.h"
 
 #include <sstream>
 #include <stdexcept>

@@ -1,0 +1,295 @@
+// Ops with a lowering: the op's arguments become a graph node (tensors its operands,
+// numbers lifted or static), PyTorch's meta kernel gives the output types (cached by the
+// node's signature), and the engine records it.
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "device/generator.h"
+#include "device/kernels.h"
+#include "engine/engine.h"
+
+namespace torchtpu {
+namespace {
+
+bool is_number_type(const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  if (t->kind() == c10::TypeKind::NumberType) return true;
+  if (auto list = t->cast<c10::ListType>()) return list->getElementType()->kind() == c10::TypeKind::NumberType;
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------
+// Output types from PyTorch's meta kernels, cached per node signature: some meta kernels
+// are Python decompositions (native_layer_norm_backward's runs ~30 ops) that would cost
+// more than everything else in a fused training step if run on every call.
+
+struct OutputSignature {
+  // per return: -1 for a Tensor, -2 for an undefined Tensor (masked-out backward outputs),
+  // N for a Tensor[] of N. Only defined tensors become node outputs.
+  std::vector<int> list_sizes;
+  std::vector<TensorType> types;
+  int output_mask_arg = -1;  // the op's output_mask argument (backward ops), if it has one
+};
+
+std::unordered_map<uint64_t, OutputSignature>& meta_cache() {
+  static std::unordered_map<uint64_t, OutputSignature> cache;
+  return cache;
+}
+std::mutex g_meta_mutex;
+
+}  // namespace
+
+c10::IValue to_meta(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return v;
+    // A Python number passed as a tensor (x + 1.5) promotes like a scalar, not a tensor:
+    // keep it as the CPU scalar it is (meta kernels accept CPU scalars).
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) return v;
+    // A view made below functionalization keeps its geometry over its root's storage, so
+    // that meta kernels of further views compute strides and offsets relative to the root.
+    if (auto* impl = dynamic_cast<TpuTensorImpl*>(t.unsafeGetTensorImpl()); impl && impl->view_of()) {
+      at::Tensor root = at::empty({impl->view_of()->root->numel()}, t.options().device(c10::kMeta));
+      return root.as_strided(t.sizes(), t.strides(), t.storage_offset());
+    }
+    return at::empty(t.sizes(), t.options().device(c10::kMeta));
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(to_meta(t).toTensor());
+    return out;
+  }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const auto& ref : v.toOptionalTensorList()) {
+      std::optional<at::Tensor> t = ref;
+      if (t.has_value() && t->defined()) out.push_back(to_meta(*t).toTensor());
+      else out.push_back(std::nullopt);
+    }
+    return out;
+  }
+  if (v.isDevice()) return c10::Device(c10::kMeta);
+  if (v.isGenerator()) return c10::IValue();
+  return v;
+}
+
+namespace {
+
+OutputSignature infer_outputs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  torch::jit::Stack meta;
+  meta.reserve(args.size());
+  for (const auto& a : args) meta.push_back(to_meta(a));
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  }
+  OutputSignature sig;
+  for (const c10::IValue& r : meta) {
+    if (r.isTensor() && !r.toTensor().defined()) {
+      sig.list_sizes.push_back(-2);
+    } else if (r.isTensor()) {
+      sig.list_sizes.push_back(-1);
+      sig.types.push_back(tensor_type_of(r.toTensor()));
+    } else if (r.isTensorList()) {
+      auto list = r.toTensorList();
+      sig.list_sizes.push_back(static_cast<int>(list.size()));
+      for (const at::Tensor& t : list) sig.types.push_back(tensor_type_of(t));
+    } else {
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "torchtpu: op returns a non-tensor value");
+    }
+  }
+  const auto& arguments = op.schema().arguments();
+  for (size_t i = 0; i < arguments.size(); ++i)
+    if (arguments[i].name() == "output_mask") sig.output_mask_arg = static_cast<int>(i);
+  return sig;
+}
+
+// Backward ops with an output_mask return undefined tensors for the gradients not asked
+// for, and their lowerings emit only the defined ones: the mask they read says which are
+// (the meta kernel decides, as PyTorch's CPU kernels do).
+void mask_defined_outputs(const OutputSignature& sig, std::vector<Arg>* args) {
+  if (sig.output_mask_arg < 0) return;
+  Arg& mask = (*args)[sig.output_mask_arg];
+  for (size_t k = 0; k < mask.ints.size() && k < sig.list_sizes.size(); ++k) mask.ints[k] = sig.list_sizes[k] != -2;
+}
+
+// ---------------------------------------------------------------------------------------
+// Arguments -> node.
+
+struct ParsedOp {
+  std::vector<Arg> args;
+  std::vector<ValuePtr> operands;
+  int device = -1;
+  bool supported = true;
+};
+
+ParsedOp parse_args(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args, const LoweringRule* rule) {
+  ParsedOp p;
+  p.device = device_of_args(args);
+  check_device_index(p.device);
+  auto add_tensor = [&](const at::Tensor& t) {
+    p.operands.push_back(value_of(t, p.device));
+    return static_cast<int>(p.operands.size() - 1);
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    bool lift = !rule->static_scalars && is_number_type(schema.arguments()[i].type());
+    // 0 and 1 (alpha=1, beta=0, ...) stay constants: they rarely change, and keeping them
+    // out of the scalar vector saves a host-to-device transfer per launch in strict mode.
+    if (lift && (v.isInt() || v.isDouble() || v.isBool())) {
+      double number = v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : v.toBool();
+      if (number == 0.0 || number == 1.0) lift = false;
+    }
+    Arg a;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined()) {
+        a = Arg::tensor(add_tensor(t));
+        a.i = t.unsafeGetTensorImpl()->is_wrapped_number();  // part of the signature: it changes promotion
+      }
+    } else if (v.isTensorList()) {
+      a.kind = Arg::Kind::TensorList;
+      for (const at::Tensor& t : v.toTensorList()) a.operands.push_back(add_tensor(t));
+    } else if (v.isOptionalTensorList()) {
+      a.kind = Arg::Kind::TensorList;
+      for (const auto& ref : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = ref;
+        a.operands.push_back(t.has_value() && t->defined() ? add_tensor(*t) : -1);
+      }
+    } else if (v.isNone() || v.isDevice() || v.isGenerator()) {
+      // None; devices were resolved above; generators are handled by random rules.
+    } else if (v.isBool()) {
+      a = Arg::boolean(v.toBool(), lift);
+    } else if (v.isInt()) {
+      a = Arg::integer(v.toInt(), lift);
+    } else if (v.isSymInt()) {
+      a = Arg::integer(v.toSymInt().guard_int(__FILE__, __LINE__), lift);
+    } else if (v.isDouble()) {
+      a = Arg::real(v.toDouble(), lift);
+    } else if (v.isIntList() || v.isSymIntList()) {
+      a.kind = Arg::Kind::IntList;
+      if (v.isIntList()) {
+        a.ints = v.toIntVector();
+      } else {
+        for (const c10::SymInt& s : v.toSymIntList()) a.ints.push_back(s.guard_int(__FILE__, __LINE__));
+      }
+    } else if (v.isDoubleList()) {
+      a.kind = Arg::Kind::DoubleList;
+      a.doubles = v.toDoubleVector();
+      a.lifted = lift;
+    } else if (v.isBoolList()) {
+      a.kind = Arg::Kind::BoolList;
+      for (bool b : v.toBoolList()) a.ints.push_back(b);
+    } else if (v.isString()) {
+      a.kind = Arg::Kind::String;
+      a.s = v.toStringRef();
+    } else if (v.isList()) {
+      // Scalar[]: numbers of mixed kinds become doubles (ints stay exact below 2^53).
+      a.kind = Arg::Kind::DoubleList;
+      a.lifted = lift;
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isDouble()) a.doubles.push_back(e.toDouble());
+        else if (e.isInt()) a.doubles.push_back(static_cast<double>(e.toInt()));
+        else if (e.isBool()) a.doubles.push_back(e.toBool());
+        else p.supported = false;
+      }
+    } else {
+      p.supported = false;
+    }
+    p.args.push_back(std::move(a));
+  }
+  return p;
+}
+
+uint64_t signature_hash(const LoweringRule* rule, const ParsedOp& p) {
+  Node probe;
+  probe.op = rule->kind;
+  probe.args = p.args;
+  probe.operands = p.operands;
+  uint64_t h = hash_node(probe);
+  probe.operands.clear();  // keep node_uses untouched: the probe never incremented them
+  return h;
+}
+
+void append_generator_args(ParsedOp& p, const std::vector<c10::IValue>& args) {
+  at::Generator chosen = default_generator(p.device);
+  for (const auto& v : args)
+    if (v.isGenerator()) chosen = v.toGenerator();
+  auto* impl = dynamic_cast<TpuGeneratorImpl*>(chosen.unsafeGetGeneratorImpl());
+  TORCH_CHECK(impl, "torchtpu: random ops on tpu need a tpu generator (torch.Generator(device=\"tpu\"))");
+  p.args.push_back(Arg::integer(impl->next_key(), true));
+  p.args.push_back(Arg::integer(0, true));
+}
+
+}  // namespace
+
+bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  size_t n = schema.arguments().size();
+  std::vector<c10::IValue> args(stack->end() - n, stack->end());
+  for (const auto& v : args) {
+    if (v.isTensor() && v.toTensor().defined()) {
+      const auto& t = v.toTensor();
+      if (!is_supported_dtype(static_cast<int>(t.scalar_type()))) return false;
+      if (!is_tpu(t) && !t.device().is_cpu()) return false;
+    }
+  }
+  ParsedOp p = parse_args(schema, args, rule);
+  if (!p.supported) return false;
+  uint64_t key = signature_hash(rule, p);
+  OutputSignature sig;
+  {
+    std::unique_lock<std::mutex> lock(g_meta_mutex);
+    auto it = meta_cache().find(key);
+    if (it != meta_cache().end()) {
+      sig = it->second;
+    } else {
+      lock.unlock();
+      try {
+        sig = infer_outputs(op, args);
+      } catch (const std::exception&) {
+        // No meta kernel, a data-dependent shape (nonzero, x[mask]) or invalid arguments:
+        // the CPU kernel runs it, or raises the same error CPU users see.
+        return false;
+      }
+      for (const TensorType& t : sig.types)
+        if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;
+      lock.lock();
+      meta_cache()[key] = sig;
+    }
+  }
+  // clone/detach/alias of an unchanged type: values are immutable (in-place ops swap them),
+  // so the result can share the input's value; no node, no launch.
+  if (rule->data && std::strcmp(rule->data, "identity") == 0 && sig.types.size() == 1 && !p.operands.empty() &&
+      p.operands[0]->type == sig.types[0]) {
+    torch::jit::drop(*stack, n);
+    stack->push_back(wrap_for_user(make_tensor(p.operands[0])));
+    return true;
+  }
+  if (rule->random) append_generator_args(p, args);
+  mask_defined_outputs(sig, &p.args);
+  std::vector<ValuePtr> values;
+  if (!sig.types.empty())  // every output masked out: nothing to compute
+    values = Engine::get().record(rule->kind, std::move(p.args), std::move(p.operands), sig.types, p.device);
+  torch::jit::drop(*stack, n);
+  size_t next = 0;
+  for (int size : sig.list_sizes) {
+    if (size == -2) {
+      stack->push_back(at::Tensor());
+    } else if (size < 0) {
+      stack->push_back(wrap_for_user(make_tensor(values[next++])));
+    } else {
+      c10::List<at::Tensor> list;
+      for (int i = 0; i < size; ++i) list.push_back(wrap_for_user(make_tensor(values[next++])));
+      stack->push_back(std::move(list));
+    }
+  }
+  return true;
+}
+
+}  // namespace torchtpu

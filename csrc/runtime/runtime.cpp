@@ -1,0 +1,25 @@
+// The process's one Runtime.
+#include "runtime/runtime.h"
+
+#include <atomic>
+
+namespace torchtpu {
+namespace {
+std::atomic<Runtime*> g_runtime{nullptr};
+}  // namespace
+
+void install_runtime(Runtime* runtime) {
+  Runtime* expected = nullptr;
+  if (!g_runtime.compare_exchange_strong(expected, runtime))
+    throw std::logic_error("torchtpu: a runtime is already installed");
+}
+
+bool runtime_initialized() { return g_runtime.load() != nullptr; }
+
+Runtime& runtime() {
+  Runtime* r = g_runtime.load();
+  if (!r) throw std::runtime_error("torchtpu: runtime used before torchtpu was initialised");
+  return *r;
+}
+
+}  // namespace torchtpu

@@ -1,0 +1,58 @@
+// Text of a module's envelope (see module.h).
+#include "stablehlo/module.h"
+
+#include <stdexcept>
+
+namespace torchtpu {
+
+ModuleBuilder::ModuleBuilder() {
+  attributes_["mhlo.num_partitions"] = "1 : i32";
+  attributes_["mhlo.num_replicas"] = "1 : i32";
+}
+
+void ModuleBuilder::set_attribute(const std::string& name, const std::string& value) { attributes_[name] = value; }
+
+V ModuleBuilder::add_argument(const std::string& name, const TensorType& type) {
+  arguments_.push_back(Argument{V{name, type}, {}});
+  return arguments_.back().value;
+}
+
+void ModuleBuilder::set_argument_attribute(size_t index, const std::string& name, const std::string& value) {
+  if (index >= arguments_.size()) throw std::logic_error("torchtpu: attribute for a missing argument");
+  for (auto& [existing, old] : arguments_[index].attributes) {
+    if (existing == name) {
+      old = value;
+      return;
+    }
+  }
+  arguments_[index].attributes.emplace_back(name, value);
+}
+
+std::string ModuleBuilder::text(const std::string& body, const std::vector<V>& results) const {
+  std::string s = "module @torchtpu attributes {";
+  bool first = true;
+  for (const auto& [name, value] : attributes_) {
+    s += (first ? "" : ", ") + name + " = " + value;
+    first = false;
+  }
+  s += "} {\n  func.func public @main(";
+  for (size_t i = 0; i < arguments_.size(); ++i) {
+    const Argument& a = arguments_[i];
+    s += (i ? ", " : "") + a.value.name + ": " + a.value.type.mlir();
+    if (a.attributes.empty()) continue;
+    s += " {";
+    for (size_t k = 0; k < a.attributes.size(); ++k)
+      s += (k ? ", " : "") + a.attributes[k].first + " = " + a.attributes[k].second;
+    s += "}";
+  }
+  std::string values, types;
+  for (size_t r = 0; r < results.size(); ++r) {
+    values += (r ? ", " : "") + results[r].name;
+    types += (r ? ", " : "") + results[r].type.mlir();
+  }
+  s += ") -> (" + types + ") {\n" + body;
+  s += "    \"func.return\"(" + values + ") : (" + types + ") -> ()\n  }\n}\n";
+  return s;
+}
+
+}  // namespace torchtpu

@@ -1,0 +1,258 @@
+// The engine and the lowerings, built and run without torch or Python: a fake Runtime
+// records the module text it is asked to compile and hands back placeholder buffers, so
+// this checks the emitted StableHLO and the engine's bookkeeping (caches, lifted scalars,
+// donation, modes). Run by `make cpptest` and tests/test_cpp.py.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "lowering/registry.h"
+#include "runtime/runtime.h"
+
+using namespace torchtpu;
+
+namespace {
+
+int g_failures = 0;
+int g_checks = 0;
+
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    ++g_checks;                                                              \
+    if (!(cond)) {                                                           \
+      ++g_failures;                                                          \
+      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                        \
+  } while (0)
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+struct FakeBuffer final : DeviceBuffer {
+  std::vector<char> bytes;  // what was uploaded (empty for results)
+  using DeviceBuffer::DeviceBuffer;
+};
+
+struct FakeExecutable final : Executable {
+  std::string text;
+};
+
+// Compiles nothing and computes nothing: remembers what the engine asked for.
+class FakeRuntime final : public Runtime {
+ public:
+  bool float64 = true;
+  std::vector<std::string> compiled;           // module texts, in order
+  std::vector<size_t> launch_arg_counts;       // per execute: number of arguments
+  std::vector<std::vector<char>> uploads;      // bytes of every upload_bytes
+
+  const std::string& platform() const override { return platform_; }
+  int device_count() const override { return 1; }
+  const std::string& version() const override { return platform_; }
+  bool has_float64() const override { return float64; }
+  ExecutablePtr compile(const std::string& text, const CompileOptions& options) override {
+    if (options.device != 0) throw std::logic_error("fake runtime: device " + std::to_string(options.device));
+    compiled.push_back(text);
+    auto exe = std::make_shared<FakeExecutable>();
+    exe->text = text;
+    return exe;
+  }
+  std::vector<BufferPtr> execute(Executable&, const std::vector<BufferPtr>& args,
+                                 const std::vector<TensorType>& result_types, int device) override {
+    for (const BufferPtr& a : args)
+      if (!a) throw std::logic_error("fake runtime: a null argument (a donated buffer used again?)");
+    launch_arg_counts.push_back(args.size());
+    std::vector<BufferPtr> out;
+    for (const TensorType& t : result_types) out.push_back(std::make_shared<FakeBuffer>(t, device));
+    return out;
+  }
+  BufferPtr upload(DLManagedTensor*, const TensorType&, int) override {
+    throw std::logic_error("fake runtime: no DLPack uploads");
+  }
+  BufferPtr upload_bytes(const void* data, const TensorType& type, int device) override {
+    auto b = std::make_shared<FakeBuffer>(type, device);
+    const char* p = static_cast<const char*>(data);
+    b->bytes.assign(p, p + type.nbytes());
+    uploads.push_back(b->bytes);
+    return b;
+  }
+  DLManagedTensor* download(const DeviceBuffer&) override { throw std::logic_error("fake runtime: no downloads"); }
+  void wait(const DeviceBuffer&) override { ++waits; }
+  std::string serialize(Executable&) override { return ""; }
+  ExecutablePtr deserialize(const std::string&, const CompileOptions&) override {
+    throw std::logic_error("fake runtime: no disk cache");
+  }
+  int waits = 0;
+
+ private:
+  std::string platform_ = "fake";
+};
+
+OpKind op(const char* name) {
+  const LoweringRule* rule = find_lowering(name);
+  if (!rule) throw std::logic_error(std::string("no lowering ") + name);
+  return rule->kind;
+}
+
+Arg int_list(std::vector<int64_t> v) {
+  Arg a;
+  a.kind = Arg::Kind::IntList;
+  a.ints = std::move(v);
+  return a;
+}
+
+ValuePtr input(FakeRuntime& rt, const TensorType& type) {
+  std::vector<float> data(type.numel(), 1.0f);
+  return Engine::get().from_buffer(rt.upload_bytes(data.data(), type, 0));
+}
+
+const TensorType kMatrix{{2, 3}, DType::Float32};
+const TensorType kRow{{2}, DType::Float32};
+
+// (x + y) * s, summed over dim 1: three pending nodes, one graph at the flush.
+ValuePtr record_add_scale_sum(const ValuePtr& x, const ValuePtr& y, double s) {
+  Engine& e = Engine::get();
+  ValuePtr sum = e.record(op("aten::add.Tensor"), {Arg::tensor(0), Arg::tensor(1), Arg::integer(1)}, {x, y},
+                          {kMatrix}, 0)[0];
+  ValuePtr scaled = e.record(op("aten::mul.Scalar"), {Arg::tensor(0), Arg::real(s, /*lifted=*/true)}, {sum},
+                             {kMatrix}, 0)[0];
+  return e.record(op("aten::sum.dim_IntList"), {Arg::tensor(0), int_list({1}), Arg::boolean(false), Arg::none()},
+                  {scaled}, {kRow}, 0)[0];
+}
+
+void test_fused_graph_is_lowered_once_and_cached(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  e.reset_metrics();
+  ValuePtr x = input(rt, kMatrix), y = input(rt, kMatrix);
+  ValuePtr out = record_add_scale_sum(x, y, 2.5);
+  CHECK(out->pending());
+  CHECK(e.pending_ops() == 3);
+  CHECK(rt.compiled.empty());
+  BufferPtr result = e.materialize(out);
+  CHECK(result && result->type == kRow);
+  CHECK(!out->pending());
+  CHECK(e.pending_ops() == 0);
+  CHECK(rt.compiled.size() == 1);
+  const std::string& text = rt.compiled.back();
+  // The envelope (stablehlo/module.cpp): attributes, parameters, the scalar pack, return.
+  CHECK(contains(text, "module @torchtpu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}"));
+  CHECK(contains(text, "func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<2x3xf32>, "
+                       "%scalars_f: tensor<1xf64>) -> (tensor<2xf32>)"));
+  CHECK(!contains(text, "tf.aliasing_output"));  // the test still holds x and y
+  // The body: one comment and the ops of each lowering, in order.
+  size_t add = text.find("// aten::add.Tensor"), mul = text.find("// aten::mul.Scalar"),
+         red = text.find("// aten::sum.dim_IntList");
+  CHECK(add != std::string::npos && add < mul && mul < red);
+  CHECK(contains(text, "\"stablehlo.add\"(%arg0, %arg1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"));
+  CHECK(contains(text, "\"stablehlo.slice\"(%scalars_f)"));  // the lifted 2.5 is read from the pack
+  CHECK(contains(text, "\"stablehlo.multiply\""));
+  CHECK(contains(text, "\"stablehlo.reduce\""));
+  CHECK(contains(text, "dimensions = array<i64: 1>"));
+  CHECK(contains(text, "\"func.return\""));
+  // Bookkeeping: one launch with both parameters and the float pack holding 2.5.
+  CHECK(e.metrics().ops_traced == 3);
+  CHECK(e.metrics().graphs_compiled == 1);
+  CHECK(e.metrics().execute_count == 1);
+  CHECK(rt.launch_arg_counts.back() == 3);
+  double lifted = 0;
+  std::memcpy(&lifted, rt.uploads.back().data(), sizeof(lifted));
+  CHECK(rt.uploads.back().size() == sizeof(double) && lifted == 2.5);
+
+  // The same graph with another scale: a memory-cache hit, the new scalar in the pack.
+  ValuePtr again = record_add_scale_sum(x, y, 0.25);
+  e.materialize(again);
+  CHECK(rt.compiled.size() == 1);
+  CHECK(e.metrics().cache_hits_memory == 1);
+  CHECK(e.metrics().execute_count == 2);
+  std::memcpy(&lifted, rt.uploads.back().data(), sizeof(lifted));
+  CHECK(lifted == 0.25);
+}
+
+void test_unheld_parameter_is_donated(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  e.reset_metrics();
+  ValuePtr x = input(rt, kMatrix);
+  ValuePtr y = e.record(op("aten::mul.Scalar"), {Arg::tensor(0), Arg::real(3.0, true)}, {x}, {kMatrix}, 0)[0];
+  std::weak_ptr<DeviceBuffer> x_buffer = x->buffer;
+  x.reset();  // only the node holds x now: its buffer may become y's
+  e.materialize(y);
+  CHECK(contains(rt.compiled.back(), "%arg0: tensor<2x3xf32> {tf.aliasing_output = 0 : i32}"));
+  CHECK(e.metrics().donated_buffers == 1);
+  CHECK(x_buffer.expired());  // the engine let go of the donated buffer
+}
+
+void test_platform_without_f64_lifts_f32_scalars(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  e.clear_memory_cache();
+  rt.float64 = false;
+  ValuePtr x = input(rt, kMatrix), y = input(rt, kMatrix);
+  e.materialize(record_add_scale_sum(x, y, 2.5));
+  rt.float64 = true;
+  CHECK(contains(rt.compiled.back(), "%scalars_f: tensor<1xf32>"));
+  float lifted = 0;
+  CHECK(rt.uploads.back().size() == sizeof(float));
+  std::memcpy(&lifted, rt.uploads.back().data(), sizeof(lifted));
+  CHECK(lifted == 2.5f);
+  e.clear_memory_cache();
+}
+
+void test_strict_mode_runs_each_op_at_once(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  e.set_mode(Mode::Strict);
+  e.reset_metrics();
+  ValuePtr x = input(rt, kMatrix), y = input(rt, kMatrix);
+  ValuePtr out = record_add_scale_sum(x, y, 2.0);
+  CHECK(!out->pending() && out->buffer);
+  CHECK(e.metrics().execute_count == 3);
+  CHECK(e.pending_ops() == 0);
+  int waits = rt.waits;
+  e.set_mode(Mode::Debug);
+  e.record(op("aten::add.Tensor"), {Arg::tensor(0), Arg::tensor(1), Arg::integer(1)}, {x, y}, {kMatrix}, 0);
+  CHECK(rt.waits == waits + 1);  // debug mode waits for each op
+  e.set_mode(Mode::Fused);
+}
+
+// A lowering whose result differs from the type PyTorch's meta kernel gave is an error
+// that names the op; the value is left uncomputed.
+void test_wrong_output_type_is_reported(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  ValuePtr x = input(rt, kMatrix), y = input(rt, kMatrix);
+  ValuePtr out = e.record(op("aten::eq.Tensor"), {Arg::tensor(0), Arg::tensor(1)}, {x, y}, {kMatrix}, 0)[0];
+  std::string message;
+  try {
+    e.materialize(out);
+  } catch (const std::logic_error& err) {
+    message = err.what();
+  }
+  CHECK(contains(message, "lowering of aten::eq.Tensor result 0 has type bool[2, 3] but PyTorch expects float32[2, 3]"));
+  CHECK(out->pending());
+}
+
+void test_op_kinds_are_interned() {
+  OpKind a = OpKind::intern("aten::add.Tensor"), b = OpKind::intern(std::string("aten::add.Tensor"));
+  CHECK(a == b && a.id() == b.id() && a.id() > 0);
+  CHECK(a.name() == "aten::add.Tensor");
+  CHECK(find_lowering(a) == find_lowering("aten::add.Tensor"));
+  CHECK(!find_lowering(OpKind::intern("test::no_such_op")));
+  CHECK(OpKind().name() == "<no op>" && !OpKind());
+}
+
+}  // namespace
+
+int main() {
+  auto* rt = new FakeRuntime();  // installed for the process, never destroyed
+  install_runtime(rt);
+  try {
+    test_op_kinds_are_interned();
+    test_fused_graph_is_lowered_once_and_cached(*rt);
+    test_unheld_parameter_is_donated(*rt);
+    test_platform_without_f64_lifts_f32_scalars(*rt);
+    test_strict_mode_runs_each_op_at_once(*rt);
+    test_wrong_output_type_is_reported(*rt);
+  } catch (const std::exception& err) {
+    std::fprintf(stderr, "unexpected exception: %s\n", err.what());
+    return 1;
+  }
+  std::printf("%d checks, %d failed\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,80 @@
+"""The layers of csrc/ reach one way (docs/ARCHITECTURE.md): device -> engine -> lowering ->
+stablehlo -> ir -> base, with runtime beside ir on base. This scans every #include line:
+a folder may include only itself and the folders below it, and the folders under the
+device layer include no torch or Python header, so the engine and the lowerings build
+and run without torch (tests/cpp)."""
+import pathlib
+import re
+
+import pytest
+
+CSRC = pathlib.Path(__file__).resolve().parent.parent / "csrc"
+
+# Each folder of csrc/ and the project folders its files may include.
+BELOW = {
+    "base": set(),
+    "ir": {"base"},
+    "runtime": {"base"},
+    "stablehlo": {"ir", "base"},
+    "lowering": {"stablehlo", "ir", "base"},
+    "engine": {"lowering", "stablehlo", "ir", "runtime", "base"},
+    "device": {"engine", "lowering", "stablehlo", "ir", "runtime", "base"},
+    "python": {"device", "engine", "lowering", "stablehlo", "ir", "runtime", "base"},
+}
+# Folders that speak torch and Python (the PyTorch device and the extension module).
+TORCH_FOLDERS = {"device", "python"}
+# Files outside those folders allowed to use Python: the one file that calls jaxlib (through
+# pybind11) and reads DLPack tensors (the DLPack header ships inside torch as ATen/dlpack.h).
+TORCH_FILES = {
+    "runtime/jaxlib_runtime.cpp": ("pybind11/", "ATen/dlpack.h"),
+}
+TORCH_OR_PYTHON = re.compile(r"^(ATen|c10|torch|caffe2|pybind11|Python\.h|frameobject\.h|numpy)\b")
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+
+
+def includes():
+    """(file relative to csrc, line number, kind '<' or '"', header) for every #include."""
+    for path in sorted(CSRC.rglob("*")):
+        if path.suffix not in (".h", ".cpp"):
+            continue
+        rel = path.relative_to(CSRC).as_posix()
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            m = INCLUDE.match(line)
+            if m:
+                yield rel, number, m.group(1), m.group(2)
+
+
+def violations():
+    found = []
+    for rel, number, kind, header in includes():
+        folder = rel.split("/")[0]
+        where = f"csrc/{rel}:{number}: #include {header}"
+        if folder not in BELOW:
+            found.append(f"{where}: csrc/{folder}/ has no place in the layer table of tests/test_layers.py")
+            continue
+        if kind == '"':
+            target = header.split("/")[0]
+            if target not in BELOW:
+                found.append(f"{where}: not a csrc/ folder")
+            elif target != folder and target not in BELOW[folder]:
+                found.append(f"{where}: {folder}/ may not include {target}/ (it is not below it)")
+        elif TORCH_OR_PYTHON.match(header) and folder not in TORCH_FOLDERS:
+            if not header.startswith(TORCH_FILES.get(rel, ())):
+                found.append(f"{where}: {folder}/ must build without torch and Python headers")
+    return found
+
+
+def test_layers_include_only_what_is_below_them():
+    assert violations() == []
+
+
+def test_the_scan_sees_every_folder_and_catches_an_upward_include(tmp_path, monkeypatch):
+    # The scan is only worth something if it reads the real tree and flags a violation.
+    seen = {rel.split("/")[0] for rel, _, _, _ in includes()}
+    assert seen == set(BELOW), seen
+    fake = tmp_path / "csrc"
+    (fake / "ir").mkdir(parents=True)
+    (fake / "ir" / "bad.h").write_text('#include "lowering/registry.h"\n#include <ATen/Tensor.h>\n')
+    monkeypatch.setattr(__import__(__name__), "CSRC", fake)
+    found = violations()
+    assert len(found) == 2 and "may not include lowering/" in found[0] and "without torch" in found[1], found
