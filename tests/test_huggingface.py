@@ -66,7 +66,8 @@ def run_trainer(make, tmp_path, use_cpu):
     model, data = make()
     model.batch_devices = set()
     model.register_forward_pre_hook(
-        lambda module, args, kwargs: module.batch_devices.add(kwargs["input_ids"].device.type), with_kwargs=True)
+        lambda module, args, kwargs: module.batch_devices.add(kwargs.get("input_ids", *args[:1]).device.type),
+        with_kwargs=True)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / ("cpu" if use_cpu else "tpu")), per_device_train_batch_size=4,
         max_steps=STEPS, logging_steps=1, learning_rate=1e-3, report_to=[], save_strategy="no",
