@@ -11,35 +11,6 @@
 namespace torchtpu {
 namespace {
 
-// The dtype float math runs in: f32 for bf16/f16, else the dtype itself.
-DType compute_dtype(DType dtype) {
-  return dtype == DType::BFloat16 || dtype == DType::Float16 ? DType::Float32 : dtype;
-}
-
-// Small expression helper: every operand has `shape` and dtype `dt`.
-struct Ex {
-  LoweringContext& c;
-  DType dt;
-  std::vector<int64_t> shape;
-
-  V k(double v) const { return c.constant(v, dt, shape); }
-  V add(const V& a, const V& b) const { return c.binary("stablehlo.add", a, b); }
-  V sub(const V& a, const V& b) const { return c.binary("stablehlo.subtract", a, b); }
-  V mul(const V& a, const V& b) const { return c.binary("stablehlo.multiply", a, b); }
-  V div(const V& a, const V& b) const { return c.binary("stablehlo.divide", a, b); }
-  V max(const V& a, const V& b) const { return c.binary("stablehlo.maximum", a, b); }
-  V min(const V& a, const V& b) const { return c.binary("stablehlo.minimum", a, b); }
-  V un(const char* op, const V& a) const { return c.unary(op, a); }
-  V sel(const V& p, const V& a, const V& b) const { return c.select(p, a, b); }
-  V cmp(const char* dir, const V& a, const V& b) const { return c.compare(dir, a, b); }
-  V isnan(const V& a) const { return c.compare("NE", a, a); }
-  V band(const V& a, const V& b) const { return c.emit("stablehlo.and", {a, b}, a.type); }
-  V bor(const V& a, const V& b) const { return c.emit("stablehlo.or", {a, b}, a.type); }
-  // A Tensor or Scalar argument converted to dt and broadcast to shape.
-  V arg(const Node& node, int i) const { return tensor_or_scalar(c, node, i, dt, shape); }
-};
-
-Ex make_ex(LoweringContext& ctx, DType dt, const std::vector<int64_t>& shape) { return Ex{ctx, dt, shape}; }
 
 // ---------------------------------------------------------------------------------------
 // Float unary functions: out = f(x) computed in compute_dtype(out).

@@ -53,6 +53,10 @@ class LoweringContext {
   template <typename F>
   std::string region(const std::vector<TensorType>& arg_types, F body);
   std::string fresh_name();
+  // stablehlo.while over loop-carried values: `cond` maps them to a 0-d bool (keep going),
+  // `body` to their next values (same types). Returns the final values.
+  template <typename C, typename B>
+  std::vector<V> while_loop(const std::vector<V>& init, C cond, B body);
 
   // --- helpers ----------------------------------------------------------------------------
   V constant(double value, DType dtype, const std::vector<int64_t>& shape = {});
@@ -116,6 +120,15 @@ std::string LoweringContext::region(const std::vector<TensorType>& arg_types, F 
   }
   ret += ") : (" + types + ") -> ()\n";
   return header + inner + ret + "}";
+}
+
+template <typename C, typename B>
+std::vector<V> LoweringContext::while_loop(const std::vector<V>& init, C cond, B body) {
+  std::vector<TensorType> types;
+  for (const V& v : init) types.push_back(v.type);
+  std::string cond_region = region(types, [&](const std::vector<V>& args) { return std::vector<V>{cond(args)}; });
+  std::string body_region = region(types, body);
+  return emit_multi("stablehlo.while", init, types, "", cond_region + ", " + body_region);
 }
 
 }  // namespace torchtpu
