@@ -43,7 +43,6 @@ V float_fn(const Ex& e, const std::string& f, const V& x) {
   if (f == "erfc") return e.un("chlo.erfc", x);
   if (f == "erfinv") return e.un("chlo.erf_inv", x);
   if (f == "lgamma") return e.un("chlo.lgamma", x);
-  if (f == "digamma") return e.un("chlo.digamma", x);
   if (f == "sigmoid") return e.un("stablehlo.logistic", x);
   if (f == "silu") return e.mul(x, e.un("stablehlo.logistic", x));
   if (f == "mish") {
@@ -285,15 +284,6 @@ void lower_round_decimals(LoweringContext& ctx, const Node& node) {
   V r = neg ? e.mul(e.un("stablehlo.round_nearest_even", e.div(x, ten)), ten)
             : e.div(e.un("stablehlo.round_nearest_even", e.mul(x, ten)), ten);
   ctx.set_result(ctx.convert(r, out.dtype));
-}
-
-// polygamma(n, self)
-void lower_polygamma(LoweringContext& ctx, const Node& node) {
-  const TensorType& out = ctx.out(node);
-  Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
-  V x = ctx.convert(ctx.input(node, 1), e.dt);
-  V n = e.k(static_cast<double>(node.args[0].as_int()));
-  ctx.set_result(ctx.convert(ctx.binary("chlo.polygamma", n, x), out.dtype));
 }
 
 // _efficientzerotensor(size, dtype, ...): plain zeros (sgn's derivative for real inputs).
@@ -539,7 +529,6 @@ FLOAT_UNARY(erf);
 FLOAT_UNARY(erfc);
 FLOAT_UNARY(erfinv);
 FLOAT_UNARY(lgamma);
-FLOAT_UNARY(digamma);
 FLOAT_UNARY(sigmoid);
 FLOAT_UNARY(silu);
 FLOAT_UNARY(mish);
@@ -578,7 +567,6 @@ LOWERING("aten::ceil", lower_int_unary, "ceil");
 LOWERING("aten::round", lower_int_unary, "round");
 LOWERING("aten::trunc", lower_int_unary, "trunc");
 LOWERING("aten::round.decimals", lower_round_decimals);
-LOWERING("aten::polygamma", lower_polygamma);
 LOWERING("aten::_efficientzerotensor", lower_zero_tensor);
 
 LOWERING("aten::pow.Tensor_Tensor", lower_pow);

@@ -27,6 +27,10 @@ class LoweringContext {
   std::vector<V> finish_node(const Node& node);
   void set_scalar_packs(V floats, V ints) { float_pack_ = std::move(floats); int_pack_ = std::move(ints); }
   V parameter(const std::string& name, const TensorType& type) { return V{name, type}; }
+  // Whether the platform computes in float64 (TPUs do not): lowerings that follow a CPU
+  // kernel's double accumulation use it where it exists.
+  void set_has_float64(bool value) { has_float64_ = value; }
+  bool has_float64() const { return has_float64_; }
   const std::string& body() const { return body_; }
 
   // --- inputs of the current node ----------------------------------------------------------
@@ -94,6 +98,7 @@ class LoweringContext {
   std::vector<int> lifted_slots_;
   std::vector<V> results_;
   V float_pack_, int_pack_;
+  bool has_float64_ = true;
 };
 
 template <typename F>
