@@ -1,7 +1,7 @@
 // Special functions: digamma, trigamma, polygamma and Hurwitz zeta; modified Bessel (i0, i1,
-// k0, k1 and scaled forms), Bessel (j0, j1, y0, y1), spherical j0, Airy Ai, ndtri; xlogy,
-// xlog1py, entr, sinc; the orthogonal polynomial families (Chebyshev, shifted Chebyshev,
-// Hermite, Laguerre, Legendre) at integer degree n.
+// k0, k1 and scaled forms), Bessel (j0, j1, y0, y1), spherical j0, Airy Ai, ndtri, erfcx,
+// log_ndtr; xlogy, xlog1py, entr, sinc; the orthogonal polynomial families (Chebyshev,
+// shifted Chebyshev, Hermite, Laguerre, Legendre) at integer degree n.
 // Each evaluates the same expansion and recurrence as PyTorch's CPU kernel (Cephes, S. L.
 // Moshier: the coefficient tables below are Cephes' published constants), every branch
 // computed and selected per element; half types compute in float. Loops whose trip count
@@ -610,6 +610,38 @@ V ndtri(const Ex& e, const V& y0) {
   return e.sel(e.cmp("EQ", y0, e.k(0.0)), e.k(-kInf), r);
 }
 
+// erfcx(x) = exp(x^2) erfc(x). CPU evaluates Faddeeva-package Chebyshev fits; here the
+// product is formed in float64 (exact enough for float results) up to x = 26, where erfc
+// would underflow, and CPU's own continued fraction beyond. Without float64 (TPU) the
+// product in float32 loses accuracy as x grows.
+V erfcx(const Ex& e, const V& x) {
+  LoweringContext& ctx = e.c;
+  bool widen = e.dt != DType::Float64 && ctx.has_float64();
+  Ex w = widen ? make_ex(ctx, DType::Float64, e.shape) : e;
+  V xw = ctx.convert(x, w.dt);
+  V product = w.mul(exp_(w, w.mul(xw, xw)), w.un("chlo.erfc", xw));
+  const double inv_sqrt_pi = 0.56418958354775628695;
+  V xx = w.mul(xw, xw);
+  V fraction = w.div(w.mul(w.k(inv_sqrt_pi), w.add(w.mul(xx, w.add(xx, w.k(4.5))), w.k(2.0))),
+                     w.mul(xw, w.add(w.mul(xx, w.add(xx, w.k(5.0))), w.k(3.75))));
+  fraction = w.sel(w.cmp("GT", xw, w.k(5e7)), w.div(w.k(inv_sqrt_pi), xw), fraction);
+  V r = w.sel(w.cmp("GT", xw, w.k(26.0)), fraction, product);
+  r = w.sel(w.cmp("LT", xw, w.k(-26.7)), w.k(kInf), r);
+  return ctx.convert(r, e.dt);
+}
+
+// log of the standard normal CDF: through erfcx below -1 (where the CDF underflows).
+V log_ndtr(const Ex& e, const V& x) {
+  LoweringContext& ctx = e.c;
+  bool widen = e.dt != DType::Float64 && ctx.has_float64();
+  Ex w = widen ? make_ex(ctx, DType::Float64, e.shape) : e;
+  V xw = ctx.convert(x, w.dt);
+  V t = w.mul(xw, w.k(0.70710678118654752440));
+  V low = w.sub(log_(w, w.div(erfcx(w, neg_(w, t)), w.k(2.0))), w.mul(t, t));
+  V high = w.un("stablehlo.log_plus_one", neg_(w, w.div(w.un("chlo.erfc", t), w.k(2.0))));
+  return ctx.convert(w.sel(w.cmp("LT", xw, w.k(-1.0)), low, high), e.dt);
+}
+
 // ---------------------------------------------------------------------------------------
 // Orthogonal polynomials of integer degree n (n is truncated; negative or non-finite -> 0):
 // the three-term recurrence from P0 = 1 and P1, with CPU's closed forms at the endpoints and,
@@ -765,6 +797,8 @@ V special_unary(const Ex& e, const std::string& f, const V& x) {
   if (f == "spherical_j0") return spherical_bessel_j0(e, x);
   if (f == "airy_ai") return airy_ai(e, x);
   if (f == "ndtri") return ndtri(e, x);
+  if (f == "erfcx") return erfcx(e, x);
+  if (f == "log_ndtr") return log_ndtr(e, x);
   if (f == "entr") {
     // -x log x; 0 at 0; -inf below; NaN stays NaN.
     V r = neg_(e, e.mul(x, log_(e, x)));
@@ -833,6 +867,8 @@ SPECIAL_UNARY("aten::special_bessel_y1", "y1");
 SPECIAL_UNARY("aten::special_spherical_bessel_j0", "spherical_j0");
 SPECIAL_UNARY("aten::special_airy_ai", "airy_ai");
 SPECIAL_UNARY("aten::special_ndtri", "ndtri");
+SPECIAL_UNARY("aten::special_erfcx", "erfcx");
+SPECIAL_UNARY("aten::special_log_ndtr", "log_ndtr");
 SPECIAL_UNARY("aten::special_entr", "entr");
 SPECIAL_UNARY("aten::sinc", "sinc");
 #undef SPECIAL_UNARY
