@@ -3,7 +3,7 @@
 // family. Each runs in two device stages (lowering/data_dependent.cpp): a count, read back
 // once (one 8-byte download, which flushes the pending graph that produces it), then the
 // result at that size, an ordinary node that joins the pending graph in fused mode. The
-// data never travels to the host.
+// data never travels to the host. Also equal, whose bool result is the one value read back.
 #include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
 
@@ -235,12 +235,33 @@ bool unique(const c10::OperatorHandle& op, const LoweringRule*, torch::jit::Stac
   return true;
 }
 
+// equal(self, other) -> bool: same sizes and every element equal (after type promotion, as
+// on CPU; NaN is unequal), computed on the device; one bool read back.
+bool equal(const c10::OperatorHandle&, const LoweringRule*, torch::jit::Stack* stack) {
+  at::Tensor self = (*stack)[stack->size() - 2].toTensor(), other = (*stack)[stack->size() - 1].toTensor();
+  if (!supported(self) || !supported(other)) return false;
+  bool result = false;
+  if (self.sizes() == other.sizes()) {
+    int device = is_tpu(self) ? self.device().index() : other.device().index();
+    ValuePtr a = value_of(self, device), b = value_of(other, device);
+    const std::vector<int64_t>& shape = a->type.shape;
+    ValuePtr same = Engine::get().record(lowered_kind("aten::eq.Tensor"), {Arg::tensor(0), Arg::tensor(1)}, {a, b},
+                                         {{shape, DType::Bool}}, device)[0];
+    ValuePtr all = record_one("aten::all", {Arg::tensor(0)}, {same}, {{}, DType::Bool});
+    result = download(all).item<bool>();
+  }
+  torch::jit::drop(*stack, 2);
+  stack->push_back(result);
+  return true;
+}
+
 using Handler = bool (*)(const c10::OperatorHandle&, const LoweringRule*, torch::jit::Stack*);
 
 const std::unordered_map<std::string, Handler>& handlers() {
   static const std::unordered_map<std::string, Handler> table = {
       {"aten::nonzero", nonzero},
       {"aten::masked_select", masked_select},
+      {"aten::equal", equal},
       {"aten::index.Tensor", index_with_masks},
       {"aten::_unsafe_index.Tensor", index_with_masks},
       {"aten::index_put", index_put_with_masks},
