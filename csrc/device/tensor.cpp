@@ -23,6 +23,12 @@ thread_local int g_current_device = 0;
 
 }  // namespace
 
+OpKind lowered_kind(const char* name) {
+  const LoweringRule* rule = find_lowering(name);
+  TORCH_INTERNAL_ASSERT(rule, "torchtpu: missing lowering ", name);
+  return rule->kind;
+}
+
 TpuTensorImpl::TpuTensorImpl(ValuePtr value, c10::Device device)
     : c10::TensorImpl(empty_storage(value->type, device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                       caffe2::TypeMeta::fromScalarType(to_scalar_type(value->type.dtype))),
@@ -39,12 +45,6 @@ Arg int_list(const std::vector<int64_t>& v) {
   return a;
 }
 
-// The kind of an op the device layer records itself; its lowering must exist.
-OpKind lowered_kind(const char* name) {
-  const LoweringRule* rule = find_lowering(name);
-  TORCH_INTERNAL_ASSERT(rule, "torchtpu: missing lowering ", name);
-  return rule->kind;
-}
 
 // The elements of a view, read from its root's value.
 ValuePtr read_view(const ValuePtr& root, const TpuTensorImpl::ViewOf& v) {

@@ -410,6 +410,7 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
   if (!g.int_scalars.empty())
     int_pack = module.add_argument("%scalars_i", TensorType{{static_cast<int64_t>(g.int_scalars.size())}, DType::Int64});
   ctx.set_scalar_packs(float_pack, int_pack);
+  ctx.set_has_float64(scalar_float_dtype() == DType::Float64);
 
   std::vector<std::vector<V>> node_results(g.nodes.size());
   for (size_t n = 0; n < g.nodes.size(); ++n) {

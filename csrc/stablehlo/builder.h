@@ -27,6 +27,10 @@ class LoweringContext {
   std::vector<V> finish_node(const Node& node);
   void set_scalar_packs(V floats, V ints) { float_pack_ = std::move(floats); int_pack_ = std::move(ints); }
   V parameter(const std::string& name, const TensorType& type) { return V{name, type}; }
+  // Whether the platform computes in float64 (TPUs do not): lowerings that follow a CPU
+  // kernel's double accumulation use it where it exists.
+  void set_has_float64(bool value) { has_float64_ = value; }
+  bool has_float64() const { return has_float64_; }
   const std::string& body() const { return body_; }
 
   // --- inputs of the current node ----------------------------------------------------------
@@ -53,6 +57,10 @@ class LoweringContext {
   template <typename F>
   std::string region(const std::vector<TensorType>& arg_types, F body);
   std::string fresh_name();
+  // stablehlo.while over loop-carried values: `cond` maps them to a 0-d bool (keep going),
+  // `body` to their next values (same types). Returns the final values.
+  template <typename C, typename B>
+  std::vector<V> while_loop(const std::vector<V>& init, C cond, B body);
 
   // --- helpers ----------------------------------------------------------------------------
   V constant(double value, DType dtype, const std::vector<int64_t>& shape = {});
@@ -90,6 +98,7 @@ class LoweringContext {
   std::vector<int> lifted_slots_;
   std::vector<V> results_;
   V float_pack_, int_pack_;
+  bool has_float64_ = true;
 };
 
 template <typename F>
@@ -116,6 +125,15 @@ std::string LoweringContext::region(const std::vector<TensorType>& arg_types, F 
   }
   ret += ") : (" + types + ") -> ()\n";
   return header + inner + ret + "}";
+}
+
+template <typename C, typename B>
+std::vector<V> LoweringContext::while_loop(const std::vector<V>& init, C cond, B body) {
+  std::vector<TensorType> types;
+  for (const V& v : init) types.push_back(v.type);
+  std::string cond_region = region(types, [&](const std::vector<V>& args) { return std::vector<V>{cond(args)}; });
+  std::string body_region = region(types, body);
+  return emit_multi("stablehlo.while", init, types, "", cond_region + ", " + body_region);
 }
 
 }  // namespace torchtpu
