@@ -4,6 +4,7 @@
 // uniform, deterministic and easy to diff.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ class LoweringContext {
   void set_scalar_packs(V floats, V ints) { float_pack_ = std::move(floats); int_pack_ = std::move(ints); }
   V parameter(const std::string& name, const TensorType& type) { return V{name, type}; }
   const std::string& body() const { return body_; }
+  // Functions the body calls, defined beside @main (ModuleBuilder::text places them).
+  const std::string& functions() const { return functions_; }
 
   // --- inputs of the current node ----------------------------------------------------------
   V input(const Node& node, int arg) const;                      // Tensor argument
@@ -53,6 +56,11 @@ class LoweringContext {
   template <typename F>
   std::string region(const std::vector<TensorType>& arg_types, F body);
   std::string fresh_name();
+  // Adds function definitions to the module, once per key (several calls share them).
+  void define_functions(const std::string& key, const std::string& definitions);
+  // "func.call" of a function defined with define_functions.
+  std::vector<V> call(const std::string& function, const std::vector<V>& operands,
+                      const std::vector<TensorType>& results);
 
   // --- helpers ----------------------------------------------------------------------------
   V constant(double value, DType dtype, const std::vector<int64_t>& shape = {});
@@ -84,6 +92,8 @@ class LoweringContext {
   void append(const std::string& line) { body_ += line; }
 
   std::string body_;
+  std::string functions_;
+  std::set<std::string> defined_functions_;
   int counter_ = 0;
   int rng_calls_ = 0;
   std::vector<V> operands_;
