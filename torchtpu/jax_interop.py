@@ -60,6 +60,11 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
 def from_jax(array: jax.Array) -> torch.Tensor:
     """A tpu tensor sharing the device buffer of `array` (a single-device jax.Array on one
     of torchtpu's devices): no copy."""
+    if not isinstance(array, jax.Array):
+        raise TypeError(f"torchtpu.from_jax expects a jax.Array, got {type(array).__name__}")
+    if array.dtype.name not in _JAX_DTYPE_NAMES.values():
+        raise TypeError(f"torchtpu.from_jax: dtype {array.dtype.name} has no tpu tensor dtype (supported: "
+                        f"{', '.join(_JAX_DTYPE_NAMES.values())})")
     return _C.from_jax(array)
 
 
@@ -110,7 +115,7 @@ class JaxOp:
     `(Tensor[] inputs) -> Tensor[]`); calling the JaxOp takes and returns tensors in the
     function's own structure (positional tensors in, its output pytree out)."""
 
-    def __init__(self, name: str, fn: Callable, vjp: Callable | None = None):
+    def __init__(self, name: str, fn: Callable, vjp: Callable | None = None, hint: str = ""):
         if not _NAME.match(name):
             raise ValueError(f"torchtpu.jax_op: {name!r} is not a valid op name (letters, digits, _)")
         if hasattr(torch.ops, _NAMESPACE) and hasattr(getattr(torch.ops, _NAMESPACE), name):
@@ -120,6 +125,7 @@ class JaxOp:
         self.name = name
         self.fn = fn
         self._custom_vjp = vjp
+        self._hint = hint  # added to lowering errors
         self._lowered: dict[tuple, Lowered] = {}
         self._lock = threading.Lock()
         self._out_spec = None      # torch pytree spec of the outputs (same for every signature)
@@ -128,6 +134,7 @@ class JaxOp:
             f"{_NAMESPACE}::{name}", self._run, mutates_args=(), device_types="tpu",
             schema="(Tensor[] inputs) -> Tensor[]",
         )
+        self.op.register_kernel("cpu")(self._run_on_host)
         self.op.register_fake(self._fake)
         self.op.register_autograd(self._backward, setup_context=self._setup_context)
 
@@ -150,7 +157,14 @@ class JaxOp:
         with self._lock:
             found = self._lowered.get(types)
             if found is None:
-                found = self._lowered[types] = lower(self.name, self.fn, types)
+                try:
+                    found = lower(self.name, self.fn, types)
+                except Exception as error:
+                    if hasattr(error, "add_note"):  # Python 3.11+
+                        error.add_note(f"(while lowering torchtpu op {self.name} for inputs "
+                                       f"{', '.join(f'{d}{list(s)}' for s, d in types)}){self._hint}")
+                    raise
+                self._lowered[types] = found
                 self._note_out_structure(found.out_tree)
             return found
 
@@ -171,6 +185,15 @@ class JaxOp:
 
     def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return _C.call_stablehlo(self.lowered(self._types(inputs)).key, inputs)
+
+    def _run_on_host(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        # CPU tensors: the function runs with JAX on the host (a reference for the tpu path).
+        with _x64(any(t.dtype in _WIDE for t in inputs)):
+            cpu = jax.devices("cpu")[0]
+            arrays = [jax.device_put(jax.dlpack.from_dlpack(t.detach().contiguous()), cpu) for t in inputs]
+            outputs = jax.tree.leaves(jax.jit(self.fn, keep_unused=True)(*arrays))
+        # Copies: JAX may reuse its arrays' memory, torch may write into the results.
+        return [torch.from_dlpack(o).clone() for o in outputs]
 
     def _fake(self, inputs):
         lowered = self.lowered(self._types(inputs))
@@ -203,7 +226,11 @@ class JaxOp:
             op = self._backward_ops.get(arity)
             if op is None:
                 name = f"{self.name}_backward" if _fixed_arity(self.fn) else f"{self.name}_backward{arity}"
-                op = self._backward_ops[arity] = JaxOp(name, _vjp_function(self.fn, arity, self._custom_vjp))
+                hint = "" if self._custom_vjp else (
+                    f"; jax.vjp cannot differentiate {self.name} (Pallas kernels, for one): give its backward "
+                    "as vjp= to torchtpu.jax_op / register_jax_op")
+                op = JaxOp(name, _vjp_function(self.fn, arity, self._custom_vjp), hint=hint)
+                self._backward_ops[arity] = op
             return op
 
 
