@@ -94,6 +94,8 @@ from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
 from torchtpu.jax_interop import from_jax, jax_op, register_jax_op, to_jax  # noqa: E402
 
+__import__("torchtpu._linalg", fromlist=["_"]).install()  # tpu kernels of the JAX-lowered linalg ops
+
 
 def platform() -> str:
     """The XLA platform tpu tensors run on: "cpu", "cuda" or "tpu"."""

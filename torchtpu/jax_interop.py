@@ -90,11 +90,12 @@ def _x64(enabled: bool):
     return jax.enable_x64(True) if enabled else contextlib.nullcontext()
 
 
-def lower(name: str, fn: Callable, types: Sequence[tuple]) -> Lowered:
+def lower(name: str, fn: Callable, types: Sequence[tuple], x64: bool = False) -> Lowered:
     """Lowers `fn` for inputs of `types` ((shape, torch dtype), ...) on torchtpu's platform
-    and registers the StableHLO with the core. No caching here: callers cache per signature."""
+    and registers the StableHLO with the core. JAX's 64-bit mode is on with `x64` or when an
+    input is 64-bit. No caching here: callers cache per signature."""
     specs = [jax.ShapeDtypeStruct(tuple(shape), jax_dtype(dtype)) for shape, dtype in types]
-    with _x64(any(dtype in _WIDE for _, dtype in types)):
+    with _x64(x64 or any(dtype in _WIDE for _, dtype in types)):
         # keep_unused: the module takes every input, in order, as the call node passes them.
         traced = jax.jit(fn, keep_unused=True).trace(*specs)
         text = traced.lower(lowering_platforms=(_C.platform(),)).as_text()
