@@ -327,27 +327,37 @@ def permutation_sign(pivots, dtype):
     return jnp.where(swaps % 2 == 0, 1, -1).astype(dtype)
 
 
+def factor_for_determinant(a, transpose: bool):
+    """PyTorch's _linalg_det/_linalg_slogdet factor A^T when A is contiguous (det(A^T) =
+    det(A)), and their backward formulas expect that factorization: so do the same."""
+    return lu_factor(mT(a) if transpose else a)
+
+
 @kernel("_linalg_det")
 @real_float_only("_linalg_det")
 def linalg_det(A):
+    transpose = A.is_contiguous()
+
     def fn(a):
-        lu, pivots, _ = lu_factor(a)
+        lu, pivots, _ = factor_for_determinant(a, transpose)
         diagonal = jnp.diagonal(lu, axis1=-2, axis2=-1)
         return permutation_sign(pivots, a.dtype) * jnp.prod(diagonal, axis=-1), lu, pivots
 
-    return tuple(run("_linalg_det", (), fn, A))
+    return tuple(run("_linalg_det", (transpose,), fn, A))
 
 
 @kernel("_linalg_slogdet")
 @real_float_only("_linalg_slogdet")
 def linalg_slogdet(A):
+    transpose = A.is_contiguous()
+
     def fn(a):
-        lu, pivots, _ = lu_factor(a)
+        lu, pivots, _ = factor_for_determinant(a, transpose)
         diagonal = jnp.diagonal(lu, axis1=-2, axis2=-1)
         sign = permutation_sign(pivots, a.dtype) * jnp.prod(jnp.sign(diagonal), axis=-1)
         return sign, jnp.sum(jnp.log(jnp.abs(diagonal)), axis=-1), lu, pivots
 
-    return tuple(run("_linalg_slogdet", (), fn, A))
+    return tuple(run("_linalg_slogdet", (transpose,), fn, A))
 
 
 # ---------------------------------------------------------------------------------------

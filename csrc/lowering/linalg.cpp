@@ -55,30 +55,95 @@ V cholesky_factor(LoweringContext& ctx, const V& a, bool upper) {
   return keep_triangle(ctx, factor, !upper);
 }
 
-// LAPACK's potrf info from a factor: 1 + the first column whose diagonal is not positive
-// (the factorization breaks down there and XLA's result is NaN from that column on), or 0.
-V cholesky_info(LoweringContext& ctx, const V& factor, const TensorType& info_type) {
-  int64_t r = factor.type.rank(), n = factor.type.shape[r - 1];
-  TensorType square{matrix_shape(batch_of(factor.type.shape), n, n), DType::Int32};
-  V on_diagonal = ctx.compare("EQ", ctx.iota(square, r - 2), ctx.iota(square, r - 1));
-  V zero = ctx.constant(0, factor.type.dtype, factor.type.shape);
-  V positive = ctx.compare("GT", factor, zero);  // false for NaN
-  V failed = ctx.emit("stablehlo.and", {on_diagonal, ctx.emit("stablehlo.not", {positive}, positive.type)},
-                      on_diagonal.type);
-  V column = ctx.binary("stablehlo.add", ctx.iota(square, r - 1), ctx.constant_int(1, DType::Int32, square.shape));
-  V none = ctx.constant_int(n + 1, DType::Int32, square.shape);
-  V first = ctx.reduce(ctx.select(failed, column, none), {r - 2, r - 1},
-                       ctx.constant_int(n + 1, DType::Int32), "stablehlo.minimum");
-  V found = ctx.compare("LE", first, ctx.constant_int(n, DType::Int32, info_type.shape));
-  return ctx.select(found, first, ctx.constant_int(0, DType::Int32, info_type.shape));
+std::vector<int64_t> without_last(std::vector<int64_t> shape) {
+  shape.pop_back();
+  return shape;
+}
+
+// One step k of Gaussian elimination without pivoting on m (batch of N x N): the pivot
+// m[k, k] is checked (info = k + 1 where it is not positive and info is still 0), then the
+// rows and columns after k are updated. Returns (m', info').
+std::vector<V> eliminate_step(LoweringContext& ctx, const V& k, const V& m, const V& info) {
+  const std::vector<int64_t>& shape = m.type.shape;
+  int64_t r = m.type.rank();
+  std::vector<int64_t> vector_shape = without_last(shape);
+  TensorType index{shape, DType::Int64};
+  V k_matrix = ctx.broadcast_to(k, shape);
+  V is_row = ctx.compare("EQ", ctx.iota(index, r - 2), k_matrix);
+  V is_col = ctx.compare("EQ", ctx.iota(index, r - 1), k_matrix);
+  V zero = ctx.constant(0, m.type.dtype, shape);
+  V zero_scalar = ctx.constant(0, m.type.dtype);
+  V row = ctx.reduce(ctx.select(is_row, m, zero), {r - 2}, zero_scalar, "stablehlo.add");  // m[k, :]
+  V col = ctx.reduce(ctx.select(is_col, m, zero), {r - 1}, zero_scalar, "stablehlo.add");  // m[:, k]
+  V at_pivot = ctx.emit("stablehlo.and", {is_row, is_col}, is_row.type);
+  V pivot = ctx.reduce(ctx.select(at_pivot, m, zero), {r - 2, r - 1}, zero_scalar, "stablehlo.add");
+  V not_positive = ctx.emit("stablehlo.not", {ctx.compare("GT", pivot, ctx.constant(0, m.type.dtype, pivot.type.shape))},
+                            TensorType{pivot.type.shape, DType::Bool});
+  V unset = ctx.compare("EQ", info, ctx.constant_int(0, DType::Int32, info.type.shape));
+  V order = ctx.broadcast_to(ctx.convert(ctx.binary("stablehlo.add", k, ctx.constant_int(1, DType::Int64)), DType::Int32),
+                             info.type.shape);
+  V new_info = ctx.select(ctx.emit("stablehlo.and", {not_positive, unset}, unset.type), order, info);
+  V after = ctx.compare("GT", ctx.iota(TensorType{vector_shape, DType::Int64}, r - 2), ctx.broadcast_to(k, vector_shape));
+  V zero_vector = ctx.constant(0, m.type.dtype, vector_shape);
+  std::vector<int64_t> rows_dims, cols_dims;
+  for (int64_t d = 0; d < r - 2; ++d) {
+    rows_dims.push_back(d);
+    cols_dims.push_back(d);
+  }
+  rows_dims.push_back(r - 2);
+  cols_dims.push_back(r - 1);
+  V u = ctx.broadcast_in_dim(ctx.select(after, col, zero_vector), shape, rows_dims);
+  V v = ctx.broadcast_in_dim(ctx.select(after, row, zero_vector), shape, cols_dims);
+  V p = ctx.broadcast_in_dim(pivot, shape, std::vector<int64_t>(rows_dims.begin(), rows_dims.end() - 1));
+  V update = ctx.binary("stablehlo.divide", ctx.binary("stablehlo.multiply", u, v), p);
+  return {ctx.binary("stablehlo.subtract", m, update), new_info};
+}
+
+// LAPACK potrf's info: the order of the first leading minor that is not positive definite,
+// or 0. XLA's factorization returns NaN everywhere when it fails, which hides where: so when
+// some factor has a NaN, Gaussian elimination without pivoting of the symmetric matrix read
+// from the same triangle finds the first pivot that is not positive (a stablehlo.if: the
+// loop runs only then).
+V cholesky_info(LoweringContext& ctx, const V& a, const V& factor, bool upper, const TensorType& info_type) {
+  int64_t r = a.type.rank(), n = a.type.shape[r - 1];
+  std::vector<int64_t> all_dims(r);
+  for (int64_t d = 0; d < r; ++d) all_dims[d] = d;
+  V nan = ctx.compare("NE", factor, factor);
+  V failed = ctx.reduce(nan, all_dims, ctx.constant(0, DType::Bool), "stablehlo.or");
+  TensorType index_scalar{{}, DType::Int64};
+  std::string on_failure = ctx.region({}, [&](const std::vector<V>&) {
+    TensorType index{a.type.shape, DType::Int64};
+    V read = ctx.compare(upper ? "LE" : "GE", ctx.iota(index, r - 2), ctx.iota(index, r - 1));
+    std::vector<int64_t> swap(r);
+    for (int64_t d = 0; d < r; ++d) swap[d] = d;
+    std::swap(swap[r - 1], swap[r - 2]);
+    V symmetric = ctx.select(read, a, ctx.transpose(a, swap));
+    std::vector<V> init = {ctx.constant_int(0, DType::Int64), symmetric, ctx.constant_int(0, DType::Int32, info_type.shape)};
+    std::vector<TensorType> types = {index_scalar, a.type, info_type};
+    std::string cond = ctx.region(types, [&](const std::vector<V>& state) {
+      return std::vector<V>{ctx.compare("LT", state[0], ctx.constant_int(n, DType::Int64))};
+    });
+    std::string body = ctx.region(types, [&](const std::vector<V>& state) {
+      std::vector<V> next = eliminate_step(ctx, state[0], state[1], state[2]);
+      V k = ctx.binary("stablehlo.add", state[0], ctx.constant_int(1, DType::Int64));
+      return std::vector<V>{k, next[0], next[1]};
+    });
+    return std::vector<V>{ctx.emit_multi("stablehlo.while", init, types, "", cond + ", " + body)[2]};
+  });
+  std::string on_success = ctx.region({}, [&](const std::vector<V>&) {
+    return std::vector<V>{ctx.constant_int(0, DType::Int32, info_type.shape)};
+  });
+  return ctx.emit("stablehlo.if", {failed}, info_type, "", on_failure + ", " + on_success);
 }
 
 // linalg_cholesky_ex(self, *, upper, check_errors) -> (L, info); cholesky(self, upper) -> L.
 // (check_errors is the device layer's: it raises from info after recording.)
 void lower_cholesky(LoweringContext& ctx, const Node& node) {
-  V factor = cholesky_factor(ctx, ctx.input(node, 0), node.args.at(1).as_bool());
+  V a = ctx.input(node, 0);
+  bool upper = node.args.at(1).as_bool();
+  V factor = cholesky_factor(ctx, a, upper);
   if (node.outputs.size() == 1) ctx.set_result(factor);
-  else ctx.set_results({factor, cholesky_info(ctx, factor, ctx.out(node, 1))});
+  else ctx.set_results({factor, cholesky_info(ctx, a, factor, upper, ctx.out(node, 1))});
 }
 
 // X = A^-1 B with A = L L^T (lower factor) or U^T U (upper): two triangular solves.
