@@ -101,15 +101,16 @@ _FLOATS = (torch.float32, torch.float64)
 _TAKEN = _FLOATS + (torch.int32, torch.int64)  # int for pivots
 
 
-def real_float_only(name: str):
-    """Runs the kernel for float32 / float64 matrices; other dtypes run PyTorch's CPU kernel,
-    which raises its error for dtypes linear algebra does not take."""
+def real_float_only(name: str, floats: tuple = _FLOATS):
+    """Runs the kernel for matrices of `floats` (float32 / float64 unless the op takes more);
+    other dtypes run PyTorch's CPU kernel, which raises its error for dtypes the op does not
+    take (no linear algebra op here computes other dtypes on CPU)."""
 
     def wrap(fn):
         @functools.wraps(fn)
         def checked(*args, **kwargs):
             tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-            if all(t.dtype in _TAKEN for t in tensors) and any(t.dtype in _FLOATS for t in tensors):
+            if all(t.dtype in floats + _TAKEN for t in tensors) and any(t.dtype in floats for t in tensors):
                 return fn(*args, **kwargs)
             return _on_cpu(name, args, kwargs)
 
@@ -486,8 +487,13 @@ def linalg_lstsq(self, b, rcond=None, driver=None):
 
 
 @kernel("linalg_matrix_exp")
-@real_float_only("linalg_matrix_exp")
+@real_float_only("linalg_matrix_exp", _FLOATS + (torch.float16, torch.bfloat16))
 def linalg_matrix_exp(self):
     import jax.scipy.linalg
 
-    return run("linalg_matrix_exp", (), jax.scipy.linalg.expm, self)[0]
+    def fn(a):
+        # float16 / bfloat16 (PyTorch's CPU takes them too) are computed in float32.
+        wide = a.astype(jnp.promote_types(a.dtype, jnp.float32))
+        return jax.scipy.linalg.expm(wide).astype(a.dtype)
+
+    return run("linalg_matrix_exp", (), fn, self)[0]

@@ -175,6 +175,18 @@ def test_float32(mode):
     check(svd_invariants, a, grad=True, rtol=1e-5, atol=1e-5)
 
 
+def test_empty_matrices_and_half_precision_matrix_exp(mode):
+    for shape in ((0, 3, 3), (2, 0, 0)):
+        check(lambda a: (torch.linalg.det(a), torch.linalg.inv(a), torch.linalg.svdvals(a), torch.linalg.qr(a).R),
+              torch.randn(shape, dtype=torch.float64))
+    # PyTorch's CPU kernel computes half-precision exponentials in half precision and
+    # overflows (inf for entries of size ~1); tpu computes in float32 and rounds once.
+    a = torch.randn(3, 3, generator=gen(46)) / 2
+    for dtype in (torch.float16, torch.bfloat16):
+        assert_close(torch.linalg.matrix_exp(a.to(dtype).to("tpu")), torch.linalg.matrix_exp(a.to(dtype).float()).to(dtype),
+                     rtol=0, atol=0)
+
+
 def test_dtypes_linear_algebra_does_not_take_raise_like_cpu():
     half = torch.eye(3, dtype=torch.float16)
     for fn in (torch.linalg.cholesky, torch.linalg.qr, torch.linalg.inv):
@@ -183,6 +195,8 @@ def test_dtypes_linear_algebra_does_not_take_raise_like_cpu():
         with pytest.raises(RuntimeError) as tpu_error:
             fn(half.to("tpu"))
         assert str(tpu_error.value).splitlines()[0] == str(cpu_error.value).splitlines()[0]
+    with pytest.raises(RuntimeError, match="LU without pivoting is not implemented on tpu"):
+        torch.linalg.lu_factor(torch.eye(3, device="tpu"), pivot=False)
 
 
 @pytest.mark.modes("fused")
