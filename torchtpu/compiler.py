@@ -36,7 +36,9 @@ __all__ = ["tpu_backend"]
 
 
 def _lowered_aten_ops() -> set[str]:
-    return {name for name in _C.lowered_ops() if name.startswith("aten::")}
+    from torchtpu import _linalg
+
+    return {name for name in _C.lowered_ops() if name.startswith("aten::")} | set(_linalg.lowered_ops())
 
 
 def _op_key(op) -> str:

@@ -252,7 +252,8 @@ void Engine::plan_donation(Graph& g) {
   std::vector<bool> root_taken(g.roots.size(), false);
   for (size_t p = 0; p < g.params.size(); ++p) {
     const ValuePtr& param = g.params[p];
-    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer.use_count() == 1;
+    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer.use_count() == 1 &&
+                  !param->buffer->shared_outside.load();
     if (!g.donate || !unheld || param->type.numel() == 0) continue;
     for (size_t r = 0; r < g.roots.size(); ++r) {
       if (!root_taken[r] && g.roots[r]->type == param->type) {
@@ -431,7 +432,7 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
   }
   std::vector<V> results;
   for (const ValuePtr& root : g.roots) results.push_back(node_results[g.node_index.at(root->node.get())][root->output_index]);
-  return module.text(ctx.body(), results);
+  return module.text(ctx.body(), results, ctx.functions());
 }
 
 void Engine::dump_module(const Graph& g, const std::string& text) {

@@ -7,10 +7,12 @@
 
 #include "device/capture.h"
 #include "device/generator.h"
+#include "device/interop.h"
 #include "device/kernels.h"
 #include "device/tensor.h"
 #include "engine/engine.h"
 #include "lowering/registry.h"
+#include "lowering/stablehlo_call.h"
 #include "runtime/jaxlib_runtime.h"
 
 namespace py = pybind11;
@@ -153,6 +155,39 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("initial_seed", [](int d) { return default_generator(d).current_seed(); });
   m.def("default_generator", [](int d) { return default_generator(d); });
+
+  // ---- JAX interop (torchtpu/jax.py) -------------------------------------------------------
+  m.def("to_jax", [](const at::Tensor& t) {
+    _object* array;
+    {
+      py::gil_scoped_release release;  // a flush may run; the runtime takes the GIL itself
+      array = tensor_to_jax(t);
+    }
+    return py::reinterpret_steal<py::object>(array);
+  });
+  m.def("from_jax", [](const py::object& array) {
+    py::gil_scoped_release release;
+    return tensor_from_jax(array.ptr());
+  });
+  // Registers a StableHLO module (text) for calls; returns its key.
+  m.def("register_stablehlo", [](const std::string& name, const std::string& text) {
+    try {
+      return register_stablehlo_module(name, text);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  });
+  // Result types of a registered module: [(shape, dtype code)].
+  m.def("stablehlo_results", [](const std::string& key) {
+    py::list out;
+    for (const TensorType& t : registered_stablehlo_module(key).results)
+      out.append(py::make_tuple(t.shape, static_cast<int>(t.dtype)));
+    return out;
+  });
+  m.def("call_stablehlo", [](const std::string& key, const std::vector<at::Tensor>& inputs) {
+    py::gil_scoped_release release;
+    return call_stablehlo(key, inputs);
+  });
 
   // ---- torch.compile: captured graphs (device/capture.h, torchtpu/compiler.py) ----------
   struct CaptureHandle {

@@ -63,6 +63,15 @@ const char* compare_type(DType dtype) {
 
 std::string LoweringContext::fresh_name() { return "%" + std::to_string(counter_++); }
 
+void LoweringContext::define_functions(const std::string& key, const std::string& definitions) {
+  if (defined_functions_.insert(key).second) functions_ += definitions;
+}
+
+std::vector<V> LoweringContext::call(const std::string& function, const std::vector<V>& operands,
+                                     const std::vector<TensorType>& results) {
+  return emit_multi("func.call", operands, results, "callee = @\"" + function + "\"");
+}
+
 void LoweringContext::begin_node(const Node& node, std::vector<V> operands, std::vector<int> lifted_slots) {
   operands_ = std::move(operands);
   lifted_slots_ = std::move(lifted_slots);

@@ -4,6 +4,7 @@
 // uniform, deterministic and easy to diff.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ class LoweringContext {
   void set_has_float64(bool value) { has_float64_ = value; }
   bool has_float64() const { return has_float64_; }
   const std::string& body() const { return body_; }
+  // Functions the body calls, defined beside @main (ModuleBuilder::text places them).
+  const std::string& functions() const { return functions_; }
 
   // --- inputs of the current node ----------------------------------------------------------
   V input(const Node& node, int arg) const;                      // Tensor argument
@@ -61,6 +64,11 @@ class LoweringContext {
   // `body` to their next values (same types). Returns the final values.
   template <typename C, typename B>
   std::vector<V> while_loop(const std::vector<V>& init, C cond, B body);
+  // Adds function definitions to the module, once per key (several calls share them).
+  void define_functions(const std::string& key, const std::string& definitions);
+  // "func.call" of a function defined with define_functions.
+  std::vector<V> call(const std::string& function, const std::vector<V>& operands,
+                      const std::vector<TensorType>& results);
 
   // --- helpers ----------------------------------------------------------------------------
   V constant(double value, DType dtype, const std::vector<int64_t>& shape = {});
@@ -92,6 +100,8 @@ class LoweringContext {
   void append(const std::string& line) { body_ += line; }
 
   std::string body_;
+  std::string functions_;
+  std::set<std::string> defined_functions_;
   int counter_ = 0;
   int rng_calls_ = 0;
   std::vector<V> operands_;
