@@ -12,7 +12,7 @@ import os
 import torch
 
 __version__ = "0.1.0"
-__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data"]
+__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler"]
 
 _VALID_PLATFORMS = ("cpu", "cuda", "tpu")
 
@@ -91,6 +91,7 @@ except Exception as error:
 from torchtpu import _C  # noqa: E402
 from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
+from torchtpu import profiler  # noqa: E402
 
 
 def platform() -> str:
