@@ -12,7 +12,8 @@ import os
 import torch
 
 __version__ = "0.1.0"
-__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler"]
+__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler",
+           "export", "Exported"]
 
 _VALID_PLATFORMS = ("cpu", "cuda", "tpu")
 
@@ -92,6 +93,7 @@ from torchtpu import _C  # noqa: E402
 from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
 from torchtpu import profiler  # noqa: E402
+from torchtpu._export import Exported, export  # noqa: E402
 
 
 def platform() -> str:

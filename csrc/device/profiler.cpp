@@ -45,8 +45,9 @@ struct RecordFunctionScope final : TraceScope {
 
 class RecordFunctionTracer final : public Tracer {
  public:
-  // Cheap: true only while some RecordFunction callback (a profiler) is registered.
-  bool enabled() const override { return at::hasCallbacks(); }
+  // The dispatcher's own per-op check (a thread-local test while no profiler runs);
+  // at::hasCallbacks() would copy the global callback list under a mutex.
+  bool enabled() const override { return at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value(); }
 
   std::unique_ptr<TraceScope> begin(TraceEvent event) override {
     auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);

@@ -262,6 +262,13 @@ void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
   std::vector<std::pair<Node*, size_t>> stack;
   std::unordered_set<const Node*> visiting;
   for (const ValuePtr& root : roots) {
+    if (!root->pending()) {  // an exported graph may return an argument as is
+      if (!g->param_index.count(root.get())) {
+        g->param_index[root.get()] = static_cast<int>(g->params.size());
+        g->params.push_back(root);
+      }
+      continue;
+    }
     Node* start = root->node.get();
     if (g->node_index.count(start) || visiting.count(start)) continue;
     stack.emplace_back(start, 0);
@@ -497,7 +504,9 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
     node_results[n] = ctx.finish_node(*node);
   }
   std::vector<V> results;
-  for (const ValuePtr& root : g.roots) results.push_back(node_results[g.node_index.at(root->node.get())][root->output_index]);
+  for (const ValuePtr& root : g.roots)
+    results.push_back(root->pending() ? node_results[g.node_index.at(root->node.get())][root->output_index]
+                                      : param_values[g.param_index.at(root.get())]);
   return module.text(ctx.body(), results);
 }
 
@@ -590,6 +599,39 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
   run.int_scalars = graph.int_scalars;
   for (auto [n, a] : random_nodes) run.random_seed_slots.push_back(graph.lifted_slots[n][a]);
   return run;
+}
+
+// ---- export (see device/export.cpp) ----------------------------------------------------
+
+Engine::ExportedModule Engine::lower_for_export(const std::vector<ValuePtr>& weights,
+                                                const std::vector<ValuePtr>& inputs,
+                                                const std::vector<ValuePtr>& roots, int device) {
+  Graph graph;
+  graph.device = device;
+  graph.donate = false;
+  for (const auto* group : {&weights, &inputs})
+    for (const ValuePtr& v : *group) {
+      if (v->pending()) throw std::logic_error("torchtpu: export got an argument that is not computed yet");
+      graph.param_index.emplace(v.get(), static_cast<int>(graph.params.size()));  // a repeated value reads its first slot
+      graph.params.push_back(v);
+    }
+  graph.roots = roots;
+  collect_nodes(&graph, graph.roots);
+  // Values found while collecting (after weights and inputs) go between them.
+  ExportedModule out;
+  auto first_found = graph.params.begin() + static_cast<std::ptrdiff_t>(weights.size() + inputs.size());
+  out.constants.assign(first_found, graph.params.end());
+  std::vector<ValuePtr> ordered(graph.params.begin(), graph.params.begin() + static_cast<std::ptrdiff_t>(weights.size()));
+  ordered.insert(ordered.end(), out.constants.begin(), out.constants.end());
+  ordered.insert(ordered.end(), inputs.begin(), inputs.end());
+  graph.params = std::move(ordered);
+  graph.param_index.clear();
+  for (size_t p = 0; p < graph.params.size(); ++p) graph.param_index.emplace(graph.params[p].get(), static_cast<int>(p));
+  plan_donation(graph);
+  graph.lifted_slots.assign(graph.nodes.size(), {});  // no scalar packs: scalars are constants
+  std::vector<std::string> signature;
+  out.text = lower_graph(graph, &signature);
+  return out;
 }
 
 }  // namespace torchtpu

@@ -113,6 +113,19 @@ class Engine {
                                 const std::vector<TensorType>& result_types, int device, uint64_t graph_hash);
   // ---- end of capture support ---------------------------------------------------------
 
+  // ---- export (used by device/export.cpp) ------------------------------------------------
+  struct ExportedModule {
+    std::string text;                  // @main(weights..., constants..., inputs...) -> roots
+    std::vector<ValuePtr> constants;   // other device values the graph reads, in argument order
+  };
+  // Lowers the pending graph that computes `roots` into a self-contained StableHLO module,
+  // without compiling or running it: its arguments are `weights`, then any other device
+  // value it reads (constants made while it was recorded), then `inputs`; scalar arguments
+  // are constants; nothing is donated. A root may be a weight or input (returned as is).
+  // The caller holds the engine lock.
+  ExportedModule lower_for_export(const std::vector<ValuePtr>& weights, const std::vector<ValuePtr>& inputs,
+                                  const std::vector<ValuePtr>& roots, int device);
+
  private:
   // The steps of running a graph (run_graph), in order.
   void plan_donation(Graph& graph);

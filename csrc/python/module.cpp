@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "device/capture.h"
+#include "device/export.h"
 #include "device/generator.h"
 #include "device/kernels.h"
 #include "device/profiler.h"
@@ -228,4 +229,18 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   // ---- end of torch.compile block ---------------------------------------------------------
+
+  // ---- torchtpu.export (device/export.h, torchtpu/export.py) -------------------------------
+  m.def("export_begin", &export_begin, py::call_guard<py::gil_scoped_release>());
+  m.def("export_end", [](const py::sequence& weights, const py::sequence& inputs, const py::sequence& outputs) {
+    auto w = tensors_of(weights), i = tensors_of(inputs), o = tensors_of(outputs);
+    ExportedGraph graph;
+    {
+      py::gil_scoped_release release;
+      graph = export_end(w, i, o);
+    }
+    py::list constants;
+    for (const at::Tensor& t : graph.constants) constants.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+    return py::make_tuple(graph.text, constants);
+  });
 }
