@@ -111,6 +111,12 @@ def test_a_model_that_updates_its_state_is_refused_with_what_to_do():
         torchtpu.export(cnn().train(), (torch.randn(2, 3, 12, 12, generator=seeded(10)),))
 
 
+def test_random_ops_are_refused_with_what_to_do():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train()
+    with pytest.raises(ValueError, match=r"draws random numbers.*model\.eval\(\)"):
+        torchtpu.export(model, (torch.randn(2, 4, generator=seeded(18)),))
+
+
 def test_structured_inputs_and_outputs():
     class Pair(torch.nn.Module):
         def __init__(self):
@@ -171,6 +177,7 @@ def test_a_model_trained_on_tpu_exports_where_it_is():
 
 def test_onnx_export_of_a_model_trained_on_tpu(tmp_path):
     import onnxruntime as ort
+
     x, y = torch.randn(4, 3, 12, 12, generator=seeded(16)), torch.randint(0, 10, (4,), generator=seeded(17))
     model = train_on_tpu(cnn(), x, y)
     path = str(tmp_path / "cnn.onnx")

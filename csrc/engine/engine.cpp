@@ -617,6 +617,13 @@ Engine::ExportedModule Engine::lower_for_export(const std::vector<ValuePtr>& wei
     }
   graph.roots = roots;
   collect_nodes(&graph, graph.roots);
+  for (const Node* node : graph.nodes) {
+    const LoweringRule* rule = find_lowering(node->op);
+    if (rule && rule->random)
+      throw std::invalid_argument("torchtpu.export: " + node->op.name() + " draws random numbers, and a module "
+                                  "would draw the same ones on every call (dropout in training mode? call "
+                                  "model.eval() before exporting)");
+  }
   // Values found while collecting (after weights and inputs) go between them.
   ExportedModule out;
   auto first_found = graph.params.begin() + static_cast<std::ptrdiff_t>(weights.size() + inputs.size());

@@ -122,6 +122,7 @@ class Engine {
   // without compiling or running it: its arguments are `weights`, then any other device
   // value it reads (constants made while it was recorded), then `inputs`; scalar arguments
   // are constants; nothing is donated. A root may be a weight or input (returned as is).
+  // Random ops are refused (std::invalid_argument): their seeds would be constants.
   // The caller holds the engine lock.
   ExportedModule lower_for_export(const std::vector<ValuePtr>& weights, const std::vector<ValuePtr>& inputs,
                                   const std::vector<ValuePtr>& roots, int device);
