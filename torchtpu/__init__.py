@@ -12,8 +12,8 @@ import os
 import torch
 
 __version__ = "0.1.0"
-__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data",
-           "to_jax", "from_jax", "jax_op", "register_jax_op"]
+__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler",
+           "export", "Exported", "to_jax", "from_jax", "jax_op", "register_jax_op"]
 
 _VALID_PLATFORMS = ("cpu", "cuda", "tpu")
 
@@ -93,6 +93,8 @@ from torchtpu import _C  # noqa: E402
 from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
 from torchtpu.jax_interop import from_jax, jax_op, register_jax_op, to_jax  # noqa: E402
+from torchtpu import profiler  # noqa: E402
+from torchtpu._export import Exported, export  # noqa: E402
 
 __import__("torchtpu._linalg", fromlist=["_"]).install()  # tpu kernels of the JAX-lowered linalg ops
 

@@ -117,10 +117,10 @@ class _CompiledGraph:
 
     def _interpret(self, args):
         self.stats["interpreted"] += 1
-        _C.sync(False)  # the inputs' pending work is its own graph
+        _C.sync(False, "torch_compile")  # the inputs' pending work is its own graph
         out = self.gm(*args)
         if _C.get_mode() == "fused":
-            _C.sync(False)  # the whole FX graph: one executable
+            _C.sync(False, "torch_compile")  # the whole FX graph: one executable
         return out
 
     def _capture(self, args, key):

@@ -19,6 +19,14 @@ enum class Mode { Debug, Strict, Fused };
 const char* mode_name(Mode mode);
 Mode parse_mode(const std::string& name);  // throws std::invalid_argument
 
+// Why pending work runs now (profiler events carry it): a value was read (copy to host,
+// .item(), an op in strict mode on a pending operand), the end of an optimizer step, the
+// pending graph reached its size limit, torchtpu.sync() / synchronize, a mode change, or
+// torch.compile starting or ending a captured graph.
+enum class FlushReason { Observation, OptimizerStep, SizeLimit, Sync, ModeChange, TorchCompile };
+const char* flush_reason_name(FlushReason reason);
+FlushReason parse_flush_reason(const std::string& name);  // throws std::invalid_argument
+
 struct Recompilation {
   std::string origin;  // user's Python line that started the graph
   std::string reason;  // what differs from the graph compiled before at that line
@@ -63,7 +71,7 @@ class Engine {
   // The buffer of a value, running pending work first (an observation point).
   BufferPtr materialize(const ValuePtr& value);
   // Runs all pending work; with wait, also waits until the device has finished it.
-  void sync(bool wait);
+  void sync(bool wait, FlushReason reason = FlushReason::Sync);
   int64_t pending_ops() const { return pending_ops_; }
 
   Metrics& metrics() { return metrics_; }
@@ -89,6 +97,7 @@ class Engine {
     std::vector<double> float_scalars;      // lifted scalars, as passed this time
     std::vector<int64_t> int_scalars;
     std::vector<int> random_seed_slots;     // per random node: int-scalar slot of its seed (offset follows)
+    uint64_t graph_hash = 0;
   };
   // Compiles (or finds in the caches) and runs the pending graph that computes `roots`
   // (and any other live pending value) on `device`, donating no parameter. The executable's
@@ -99,10 +108,24 @@ class Engine {
   BufferPtr upload_float_scalars(const std::vector<double>& values, int device);
   BufferPtr upload_int_scalars(const std::vector<int64_t>& values, int device);
   // Launches an executable on `args` (parameters, then the scalar packs it takes) and
-  // counts it; sync(wait=true) waits for its results.
+  // counts it; sync(wait=true) waits for its results. graph_hash names it in traces.
   std::vector<BufferPtr> launch(Executable& exe, const std::vector<BufferPtr>& args,
-                                const std::vector<TensorType>& result_types, int device);
+                                const std::vector<TensorType>& result_types, int device, uint64_t graph_hash);
   // ---- end of capture support ---------------------------------------------------------
+
+  // ---- export (used by device/export.cpp) ------------------------------------------------
+  struct ExportedModule {
+    std::string text;                  // @main(weights..., constants..., inputs...) -> roots
+    std::vector<ValuePtr> constants;   // other device values the graph reads, in argument order
+  };
+  // Lowers the pending graph that computes `roots` into a self-contained StableHLO module,
+  // without compiling or running it: its arguments are `weights`, then any other device
+  // value it reads (constants made while it was recorded), then `inputs`; scalar arguments
+  // are constants; nothing is donated. A root may be a weight or input (returned as is).
+  // Random ops are refused (std::invalid_argument): their seeds would be constants.
+  // The caller holds the engine lock.
+  ExportedModule lower_for_export(const std::vector<ValuePtr>& weights, const std::vector<ValuePtr>& inputs,
+                                  const std::vector<ValuePtr>& roots, int device);
 
  private:
   // The steps of running a graph (run_graph), in order.
@@ -115,11 +138,11 @@ class Engine {
   ExecutablePtr compile_graph(Graph& graph);
   std::string lower_graph(const Graph& graph, std::vector<std::string>* signature);
   void dump_module(const Graph& graph, const std::string& text);
-  ExecutablePtr load_from_disk(const std::string& key, int device);
+  ExecutablePtr load_from_disk(Graph& graph, const std::string& key);
   void note_recompilation(const Graph& graph, std::vector<std::string> signature);
   DType scalar_float_dtype();
 
-  void flush_locked(int device);
+  void flush_locked(int device, FlushReason reason);
 
   std::atomic<Mode> mode_{Mode::Fused};
   std::recursive_mutex mutex_;

@@ -6,9 +6,11 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "device/capture.h"
+#include "device/export.h"
 #include "device/generator.h"
 #include "device/interop.h"
 #include "device/kernels.h"
+#include "device/profiler.h"
 #include "device/tensor.h"
 #include "engine/engine.h"
 #include "lowering/registry.h"
@@ -113,6 +115,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torchtpu core: device, engine, lowerings and runtime";
   register_kernels();
   register_hooks();
+  install_profiler_tracer();
   Engine::get().hooks().python_origin = python_origin;
   Engine::get().hooks().warn = python_warn;
   Engine::get().hooks().without_gil = without_gil;
@@ -128,10 +131,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_mode", [](const std::string& mode) { Engine::get().set_mode(parse_mode(mode)); },
         py::call_guard<py::gil_scoped_release>());
   m.def("get_mode", [] { return std::string(mode_name(Engine::get().mode())); });
-  m.def("sync", [](bool wait) { Engine::get().sync(wait); }, py::arg("wait") = false,
-        py::call_guard<py::gil_scoped_release>());
+  m.def("sync", [](bool wait, const std::string& reason) { Engine::get().sync(wait, parse_flush_reason(reason)); },
+        py::arg("wait") = false, py::arg("reason") = "sync", py::call_guard<py::gil_scoped_release>());
   m.def("pending_ops", [] { return Engine::get().pending_ops(); });
   m.def("counters", &counters);
+  // torchtpu.profiler.trace: the attributes of the spans recorded meanwhile.
+  m.def("start_span_log", &start_span_log);
+  m.def("take_span_log", [] {
+    py::list out;
+    for (LoggedSpan& span : take_span_log()) {
+      py::dict attributes;
+      for (TraceAttribute& a : span.attributes)
+        attributes[py::str(a.name)] = std::visit([](auto& v) { return py::cast(v); }, a.value);
+      out.append(py::make_tuple(span.thread, span.name, attributes));
+    }
+    return out;
+  });
   m.def("recompilations", &recompilations);
   m.def("reset_metrics", [] {
     Engine::get().reset_metrics();
@@ -249,4 +264,18 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   // ---- end of torch.compile block ---------------------------------------------------------
+
+  // ---- torchtpu.export (device/export.h, torchtpu/export.py) -------------------------------
+  m.def("export_begin", &export_begin, py::call_guard<py::gil_scoped_release>());
+  m.def("export_end", [](const py::sequence& weights, const py::sequence& inputs, const py::sequence& outputs) {
+    auto w = tensors_of(weights), i = tensors_of(inputs), o = tensors_of(outputs);
+    ExportedGraph graph;
+    {
+      py::gil_scoped_release release;
+      graph = export_end(w, i, o);
+    }
+    py::list constants;
+    for (const at::Tensor& t : graph.constants) constants.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+    return py::make_tuple(graph.text, constants);
+  });
 }

@@ -116,7 +116,8 @@ V LoweringContext::scalar(const Node& node, int arg, DType dtype) { return scala
 
 V LoweringContext::scalar_at(const Node& node, int arg, size_t index, DType dtype) {
   const Arg& a = node.args.at(arg);
-  if (!a.lifted) {
+  // Not lifted, or lifted but the graph has no scalar packs (an exported module): a constant.
+  if (!a.lifted || lifted_slots_.empty()) {
     if (a.kind == Arg::Kind::DoubleList) return constant(a.doubles.at(index), dtype);
     if (a.kind == Arg::Kind::IntList) return constant_int(a.ints.at(index), dtype);
     if (a.kind == Arg::Kind::Double) return constant(a.d, dtype);

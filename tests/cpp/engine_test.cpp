@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/trace.h"
 #include "lowering/registry.h"
 #include "lowering/stablehlo_call.h"
 #include "runtime/runtime.h"
@@ -229,6 +230,76 @@ void test_wrong_output_type_is_reported(FakeRuntime& rt) {
   CHECK(out->pending());
 }
 
+// Records the spans the engine opens (name, attributes, nesting depth) while enabled.
+class FakeTracer final : public Tracer {
+ public:
+  struct Span {
+    std::string name;
+    std::vector<TraceAttribute> attributes;
+    int depth = 0;
+    std::string text(const std::string& key) const {
+      for (const auto& a : attributes)
+        if (a.name == key) {
+          if (auto* s = std::get_if<std::string>(&a.value)) return *s;
+          if (auto* i = std::get_if<int64_t>(&a.value)) return std::to_string(*i);
+        }
+      return "<none>";
+    }
+  };
+  bool on = false;
+  int depth = 0;
+  std::vector<Span> spans;
+  bool enabled() const override { return on; }
+  std::unique_ptr<TraceScope> begin(TraceEvent event) override {
+    spans.push_back(Span{event.name, event.attributes, depth});
+    return std::make_unique<Scope>(this);
+  }
+
+ private:
+  struct Scope final : TraceScope {
+    explicit Scope(FakeTracer* t) : tracer(t) { ++tracer->depth; }
+    ~Scope() override { --tracer->depth; }
+    FakeTracer* tracer;
+  };
+};
+
+// A fused flush opens flush > (lower, compile#compiled, scalar upload, execute); the next
+// one finds the executable in memory. A disabled tracer sees nothing.
+void test_spans_of_a_flush(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  e.clear_memory_cache();
+  FakeTracer tracer;
+  install_tracer(&tracer);
+  ValuePtr x = input(rt, kMatrix), y = input(rt, kMatrix);
+  e.materialize(record_add_scale_sum(x, y, 1.5));  // disabled: no span, not even described
+  CHECK(tracer.spans.empty());
+  e.clear_memory_cache();
+  tracer.on = true;
+  e.materialize(record_add_scale_sum(x, y, 1.5));
+  e.materialize(record_add_scale_sum(x, y, 2.5));
+  e.sync(true, FlushReason::OptimizerStep);
+  install_tracer(nullptr);
+  std::vector<std::string> names;
+  for (const auto& s : tracer.spans) names.push_back(s.name + "@" + std::to_string(s.depth));
+  std::vector<std::string> expected = {
+      "torchtpu::flush#observation@0", "torchtpu::lower@1", "torchtpu::compile#compiled@1",
+      "torchtpu::transfer#to_device@1", "torchtpu::execute@1",
+      "torchtpu::flush#observation@0", "torchtpu::compile#memory@1", "torchtpu::transfer#to_device@1",
+      "torchtpu::execute@1", "torchtpu::wait@0"};
+  CHECK(names == expected);
+  if (names != expected)
+    for (const auto& n : names) std::fprintf(stderr, "  span %s\n", n.c_str());
+  if (names.size() != expected.size()) return;
+  const auto& flush = tracer.spans[0];
+  CHECK(flush.text("reason") == "observation" && flush.text("ops") == "3" && flush.text("outputs") == "1");
+  const auto& compile = tracer.spans[2];
+  CHECK(compile.text("cache") == "compiled" && compile.text("ops") == "3" && compile.text("graph").size() == 16);
+  CHECK(tracer.spans[4].text("graph") == compile.text("graph"));  // execute names the same graph
+  CHECK(tracer.spans[6].text("graph") == compile.text("graph"));  // so does the memory hit
+  CHECK(tracer.spans[3].text("bytes") == "8" && tracer.spans[3].text("what") == "scalars");
+  CHECK(tracer.spans[9].text("reason") == "optimizer_step");
+}
+
 void test_op_kinds_are_interned() {
   OpKind a = OpKind::intern("aten::add.Tensor"), b = OpKind::intern(std::string("aten::add.Tensor"));
   CHECK(a == b && a.id() == b.id() && a.id() > 0);
@@ -354,6 +425,7 @@ int main() {
     test_imported_module_is_renamed_and_private();
     test_unimportable_modules_are_named();
     test_stablehlo_calls_are_inlined_once(*rt);
+    test_spans_of_a_flush(*rt);
   } catch (const std::exception& err) {
     std::fprintf(stderr, "unexpected exception: %s\n", err.what());
     return 1;
