@@ -283,7 +283,9 @@ _SIZE_ARGS = {_op_from_name(name) for name in _VIEWS + _FACTORIES + (
     "aten::expand", "aten::slice.Tensor", "aten::narrow", "aten::split_with_sizes", "aten::split.Tensor",
     "aten::embedding_dense_backward", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
     "aten::as_strided", "aten::native_layer_norm", "aten::native_layer_norm_backward",
-    "aten::new_empty_strided")}
+    "aten::new_empty_strided", "aten::expand_copy", "aten::slice_copy.Tensor", "aten::narrow_copy",
+    "aten::split_with_sizes_copy", "aten::split_copy.Tensor", "aten::as_strided_copy", "aten::select_backward",
+    "aten::slice_backward")}
 # Factories whose listed arguments are values (start of a range, fill value), not sizes.
 _VALUE_FIRST_ARGS = {_op_from_name(name): args for name, args in (
     ("aten::arange.start", (0,)), ("aten::arange.start_step", (0, 2)), ("aten::full", (1,)),
@@ -525,18 +527,20 @@ def _dim_arg(n, index, ndim, default=0):
     return d % ndim
 
 
-@rule(*_VIEWS, "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims")
+# Fused eager graphs (_fused_buckets.py) hold the *_copy forms of views (functionalization's).
+@rule(*_VIEWS, "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::squeeze_copy",
+      "aten::squeeze_copy.dim", "aten::squeeze_copy.dims")
 def _view(rw, n, v):
     return _regroup(_input_spec(rw, n), rw.shape(v))
 
 
-@rule("aten::permute")
+@rule("aten::permute", "aten::permute_copy")
 def _permute(rw, n, v):
     s0 = _input_spec(rw, n)
     return tuple(s0[d] for d in n.args[1])
 
 
-@rule("aten::transpose.int")
+@rule("aten::transpose.int", "aten::transpose_copy.int")
 def _transpose(rw, n, v):
     s0 = _input_spec(rw, n)
     d0, d1 = n.args[1] % len(s0), n.args[2] % len(s0)
@@ -545,19 +549,19 @@ def _transpose(rw, n, v):
     return tuple(out)
 
 
-@rule("aten::t")
+@rule("aten::t", "aten::t_copy")
 def _t(rw, n, v):
     return tuple(reversed(_input_spec(rw, n)))
 
 
-@rule("aten::unsqueeze")
+@rule("aten::unsqueeze", "aten::unsqueeze_copy")
 def _unsqueeze(rw, n, v):
     s0 = _input_spec(rw, n)
     d = n.args[1] % (len(s0) + 1)
     return s0[:d] + (_plain(1),) + s0[d:]
 
 
-@rule("aten::expand")
+@rule("aten::expand", "aten::expand_copy")
 def _expand(rw, n, v):
     s0 = _input_spec(rw, n)
     out_shape = rw.shape(v)
@@ -575,12 +579,14 @@ def _expand(rw, n, v):
     return spec
 
 
-@rule("aten::alias", "aten::clone", "aten::detach", "aten::lift_fresh_copy", "aten::_to_copy", "aten::contiguous")
+@rule("aten::alias", "aten::clone", "aten::detach", "aten::lift_fresh_copy", "aten::_to_copy", "aten::contiguous",
+      "aten::alias_copy", "aten::detach_copy")
 def _same(rw, n, v):
     return _input_spec(rw, n)
 
 
-@rule("aten::split_with_sizes", "aten::split.Tensor", "aten::chunk")
+@rule("aten::split_with_sizes", "aten::split.Tensor", "aten::chunk", "aten::split_with_sizes_copy",
+      "aten::split_copy.Tensor")
 def _split(rw, n, v):
     s0 = _input_spec(rw, n)
     d = _dim_arg(n, 2, len(s0))
@@ -589,7 +595,7 @@ def _split(rw, n, v):
     return [s0[:d] + (_plain(rw.shape(o)[d]),) + s0[d + 1:] for o in v]
 
 
-@rule("aten::unbind.int")
+@rule("aten::unbind.int", "aten::unbind_copy.int")
 def _unbind(rw, n, v):
     s0 = _input_spec(rw, n)
     d = _dim_arg(n, 1, len(s0))
@@ -598,7 +604,7 @@ def _unbind(rw, n, v):
     return [s0[:d] + s0[d + 1:] for _ in v]
 
 
-@rule("aten::slice.Tensor")
+@rule("aten::slice.Tensor", "aten::slice_copy.Tensor")
 def _slice(rw, n, v):
     s0 = _input_spec(rw, n)
     d = _dim_arg(n, 1, len(s0))
@@ -618,7 +624,7 @@ def _slice(rw, n, v):
     return s0[:d] + (_plain(out_shape[d]),) + s0[d + 1:]
 
 
-@rule("aten::select.int")
+@rule("aten::select.int", "aten::select_copy.int")
 def _select(rw, n, v):
     s0 = _input_spec(rw, n)
     d = n.args[1] % len(s0)
@@ -638,6 +644,26 @@ def _cat(rw, n, v):
     return rest[:d] + (_plain(out_shape[d]),) + rest[d + 1:]
 
 
+@rule("aten::select_backward")
+def _select_backward(rw, n, v):
+    """x.select(d, i)'s gradient: zeros shaped like x, the gradient at index i of d."""
+    s0 = _input_spec(rw, n)
+    d = n.args[2] % v.dim()
+    if _expr(v.shape[d]).free_symbols:
+        raise NoBucket("a select on a padded dimension")
+    return s0[:d] + (_plain(rw.shape(v)[d]),) + s0[d:]
+
+
+@rule("aten::slice_backward")
+def _slice_backward(rw, n, v):
+    """x[..., a:b]'s gradient: zeros shaped like x, the gradient in the slice of d."""
+    s0 = _input_spec(rw, n)
+    d = n.args[2] % v.dim()
+    if _padded(s0[d]) or _expr(v.shape[d]).free_symbols:
+        raise NoBucket("a slice of a padded dimension")
+    return s0[:d] + (_plain(rw.shape(v)[d]),) + s0[d + 1:]
+
+
 # ---------------------------------------------------------------------------------------
 # Rules: elementwise ops and factories (their padding is set to zero afterwards).
 
@@ -649,7 +675,7 @@ def _factory(rw, n, v):
     return spec
 
 
-@rule("aten::tril", "aten::triu")  # positional, but elementwise for the padding
+@rule("aten::tril", "aten::triu", "aten::fill.Scalar", "aten::fill.Tensor", "aten::zero")  # elementwise for the padding
 def _elementwise(rw, n, v):
     """Also the rule of every op PyTorch tags pointwise (rule_for)."""
     spec = _broadcast([rw.arg_spec(x) for x in n.args], rw.shape(v))
