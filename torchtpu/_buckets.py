@@ -421,6 +421,23 @@ class _Rewrite:
         args[index] = new
         n.args = tuple(args)
 
+    def replace_outputs(self, n, values, specs):
+        """Replaces a multi-output op by one node per output (a rule's masked version of it):
+        its getitem users read values[i] instead, and the op goes."""
+        for u in [u for u in n.users if u.target is operator.getitem]:
+            new = values[u.args[1]]
+            new.meta["val"] = u.meta.get("val")
+            self.spec[new] = specs[u.args[1]]
+            u.replace_all_uses_with(new)
+            self.graph.erase_node(u)
+        self.graph.erase_node(n)
+
+    def count(self, x, spec, dims, keep, dtype):
+        """The number of real elements of x (padding spec `spec`) in each reduction over dims."""
+        ones = self.call(aten._to_copy.default, self.mask(spec), dtype=dtype)
+        ones = self.call(aten.expand.default, ones, list(self.shape(_val(x))))
+        return self.call(aten.sum.dim_IntList, ones, dims, keep)
+
     # --- the pass -----------------------------------------------------------------------
     def run(self):
         nodes = list(self.graph.nodes)
@@ -442,7 +459,7 @@ class _Rewrite:
                 self.spec[n] = spec
                 self.placeholder_specs[n.name] = spec
         for n in nodes:
-            if n.op == "call_function":
+            if n.op == "call_function" and not getattr(n, "_erased", False):  # rules may replace later nodes
                 with self.graph.inserting_before(n.next):
                     self.visit(n)
         self.graph.lint()
@@ -763,9 +780,7 @@ def _mean(rw, n, v):
     dtype = n.kwargs.get("dtype") or v.dtype
     with rw.graph.inserting_before(n):
         total = rw.call(aten.sum.dim_IntList, x, dims, keep, dtype=dtype)
-        ones = rw.call(aten._to_copy.default, rw.mask(s0), dtype=dtype)
-        ones = rw.call(aten.expand.default, ones, list(rw.shape(_val(x))))
-        count = rw.call(aten.sum.dim_IntList, ones, dims, keep)
+        count = rw.count(x, s0, dims, keep, dtype)
         mean = rw.call(aten.div.Tensor, total, count)
     mean.meta["val"] = v
     n.replace_all_uses_with(mean)
@@ -874,6 +889,141 @@ def _nll_loss_backward(rw, n, v):
     spec = rw.arg_spec(n.args[1])
     rw.rezero(n, spec, v.dtype)
     return spec
+
+
+# ---------------------------------------------------------------------------------------
+# Rules: convolutional networks (a padded batch; channels and space stay exact).
+
+
+def _batch_only(rw, n, what):
+    """The padded dimension of n's tensor arguments may only be the batch (dimension 0)."""
+    for a in n.args:
+        spec = rw.arg_spec(a)
+        if spec is not None and any(_padded(d) for d in spec[1:]):
+            raise NoBucket(f"{what} along a padded dimension")
+
+
+def _batch_spec(s0, out):
+    """The spec of a tensor shaped `out` whose batch is that of s0 (the rest exact)."""
+    return (s0[0],) + tuple(_plain(size) for size in out[1:])
+
+
+@rule("aten::convolution")
+def _convolution(rw, n, v):
+    _batch_only(rw, n, "a convolution")
+    spec = _batch_spec(_input_spec(rw, n), rw.shape(v))
+    rw.rezero(n, spec, v.dtype)  # the bias landed in padded rows
+    return spec
+
+
+@rule("aten::convolution_backward")
+def _convolution_backward(rw, n, v):
+    _batch_only(rw, n, "a convolution")  # zero rows of the gradient add nothing to the weight's
+    specs = [_batch_spec(rw.arg_spec(n.args[1]), rw.shape(v[0])) if v[0] is not None else None,
+             _unpadded_spec(rw.shape(v[1])) if v[1] is not None else None,
+             _unpadded_spec(rw.shape(v[2])) if v[2] is not None else None]
+    rw.rezero_outputs(n, specs, v)
+    return specs
+
+
+@rule("aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices")
+def _max_pool(rw, n, v):
+    _batch_only(rw, n, "a pooling")
+    spec = _batch_spec(_input_spec(rw, n), rw.shape(v[0]))
+    specs = [spec, spec]
+    rw.rezero_outputs(n, specs, v)
+    return specs
+
+
+@rule("aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward", "aten::avg_pool2d",
+      "aten::avg_pool2d_backward", "aten::_adaptive_avg_pool2d", "aten::_adaptive_avg_pool2d_backward",
+      "aten::_native_batch_norm_legit_no_training")
+def _per_sample(rw, n, v):
+    """Ops that treat each sample of the batch apart (eval-mode batch norm: per channel)."""
+    _batch_only(rw, n, f"{n.target.name()}")
+    outs = v if isinstance(v, (list, tuple)) else [v]
+    s0 = _input_spec(rw, n)
+    specs = [_batch_spec(s0, rw.shape(o)) if o is not None and o.dim() == len(s0) else
+             _unpadded_spec(rw.shape(o)) if o is not None else None for o in outs]
+    if isinstance(v, (list, tuple)):
+        rw.rezero_outputs(n, specs, v)
+        return specs
+    rw.rezero(n, specs[0], v.dtype)
+    return specs[0]
+
+
+def _channel_view(rw, t, ndim):
+    """A per-channel vector [C] as [1, C, 1, ...] (broadcast against an NC... tensor)."""
+    return rw.call(aten.view.default, t, [1, -1] + [1] * (ndim - 2))
+
+
+@rule("aten::_native_batch_norm_legit_functional")
+def _batch_norm(rw, n, v):
+    """Training batch norm over a padded batch: statistics over the real elements only."""
+    x, weight, bias, running_mean, running_var, training, momentum, eps = n.args
+    s0 = rw.arg_spec(x)
+    if _padded(s0[1]):
+        raise NoBucket("a batch norm over padded channels")
+    if not training:
+        return _per_sample(rw, n, v)
+    ndim = len(s0)
+    dims = [d for d in range(ndim) if d != 1]
+    dtype = v[0].dtype
+    with rw.graph.inserting_before(n):
+        count = rw.call(aten.view.default, rw.count(x, s0, dims, False, dtype), [-1])
+        mean = rw.call(aten.div.Tensor, rw.call(aten.sum.dim_IntList, x, dims), count)
+        centered = rw.fill(rw.call(aten.sub.Tensor, x, _channel_view(rw, mean, ndim)), s0, 0, dtype)
+        var = rw.call(aten.div.Tensor, rw.call(aten.sum.dim_IntList, rw.call(aten.mul.Tensor, centered, centered), dims),
+                      count)
+        invstd = rw.call(aten.rsqrt.default, rw.call(aten.add.Scalar, var, eps))
+        out = rw.call(aten.mul.Tensor, centered, _channel_view(rw, invstd, ndim))
+        if weight is not None:
+            out = rw.call(aten.mul.Tensor, out, _channel_view(rw, weight, ndim))
+        if bias is not None:
+            out = rw.fill(rw.call(aten.add.Tensor, out, _channel_view(rw, bias, ndim)), s0, 0, dtype)
+        unbiased = rw.call(aten.div.Tensor, rw.call(aten.mul.Tensor, var, count),
+                           rw.call(aten.clamp_min.default, rw.call(aten.sub.Scalar, count, 1), 1))
+        new_mean = rw.call(aten.add.Tensor, rw.call(aten.mul.Scalar, running_mean, 1 - momentum),
+                           rw.call(aten.mul.Scalar, mean, momentum))
+        new_var = rw.call(aten.add.Tensor, rw.call(aten.mul.Scalar, running_var, 1 - momentum),
+                          rw.call(aten.mul.Scalar, unbiased, momentum))
+    stat = _unpadded_spec(rw.shape(v[1]))
+    specs = [s0, stat, stat, stat, stat]
+    rw.replace_outputs(n, [out, mean, invstd, new_mean, new_var], specs)
+    return specs
+
+
+@rule("aten::native_batch_norm_backward")
+def _batch_norm_backward(rw, n, v):
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask = n.args
+    s0 = rw.arg_spec(x)
+    if _padded(s0[1]):
+        raise NoBucket("a batch norm over padded channels")
+    stat = _unpadded_spec(rw.shape(v[1])) if v[1] is not None else _unpadded_spec(rw.shape(v[2])) \
+        if v[2] is not None else None
+    specs = [s0 if v[0] is not None else None, stat if v[1] is not None else None, stat if v[2] is not None else None]
+    if not train:  # per channel: zero rows of the gradient give zero rows and add nothing
+        rw.rezero_outputs(n, specs, v)
+        return specs
+    ndim = len(s0)
+    dims = [d for d in range(ndim) if d != 1]
+    dtype = _val(x).dtype
+    with rw.graph.inserting_before(n):
+        count = rw.call(aten.view.default, rw.count(x, s0, dims, False, dtype), [-1])
+        invstd = _channel_view(rw, save_invstd, ndim)
+        xhat = rw.fill(rw.call(aten.mul.Tensor, rw.call(aten.sub.Tensor, x, _channel_view(rw, save_mean, ndim)), invstd),
+                       s0, 0, dtype)
+        g = grad if weight is None else rw.call(aten.mul.Tensor, grad, _channel_view(rw, weight, ndim))
+        sum_g = _channel_view(rw, rw.call(aten.sum.dim_IntList, g, dims), ndim)
+        sum_gx = _channel_view(rw, rw.call(aten.sum.dim_IntList, rw.call(aten.mul.Tensor, g, xhat), dims), ndim)
+        t = rw.call(aten.sub.Tensor, rw.call(aten.mul.Tensor, g, _channel_view(rw, count, ndim)), sum_g)
+        t = rw.call(aten.sub.Tensor, t, rw.call(aten.mul.Tensor, xhat, sum_gx))
+        dx = rw.fill(rw.call(aten.mul.Tensor, t, rw.call(aten.div.Tensor, invstd, _channel_view(rw, count, ndim))),
+                     s0, 0, dtype)
+        dw = rw.call(aten.sum.dim_IntList, rw.call(aten.mul.Tensor, grad, xhat), dims)
+        db = rw.call(aten.sum.dim_IntList, grad, dims)
+    rw.replace_outputs(n, [dx, dw, db], specs)
+    return specs
 
 
 # ---------------------------------------------------------------------------------------
