@@ -290,6 +290,8 @@ _SIZE_ARGS = {_op_from_name(name) for name in _VIEWS + _FACTORIES + (
 _VALUE_FIRST_ARGS = {_op_from_name(name): args for name, args in (
     ("aten::arange.start", (0,)), ("aten::arange.start_step", (0, 2)), ("aten::full", (1,)),
     ("aten::new_full", (2,)), ("aten::full_like", (1,)), ("aten::scalar_tensor", (0,)))}
+# Ops whose int argument is a position, read at the real sizes (x[:, T - 1]) by their rule.
+_SELECTS = ("aten::select.int", "aten::select_copy.int")
 # Arithmetic that may take a size as a value (x * s0, grad / s0): it gets the real size.
 _SIZE_AS_VALUE_OPS = (aten.add, aten.sub, aten.mul, aten.div, aten.true_divide, aten.rsub)
 
@@ -487,6 +489,9 @@ class _Rewrite:
                 isinstance(_val(n.args[i]), (torch.SymInt, torch.SymFloat))
                 for i in _VALUE_FIRST_ARGS[op] if i < len(n.args) and isinstance(n.args[i], torch.fx.Node)):
             raise NoBucket(f"{name} takes a size as a value")  # arange(T, 2T), full(.., T)
+        if sym_args and name in _SELECTS:
+            self.spec[n] = _select(self, n, v)
+            return
         if sym_args and op not in _SIZE_ARGS:
             self.size_as_value(n, op, name)
             op = n.target
@@ -641,13 +646,31 @@ def _slice(rw, n, v):
     return s0[:d] + (_plain(out_shape[d]),) + s0[d + 1:]
 
 
-@rule("aten::select.int", "aten::select_copy.int")
+@rule(*_SELECTS)
 def _select(rw, n, v):
+    """x.select(d, i): i counts from the real end when negative (x[:, -1]) and is read at
+    the real sizes when it is a size (x[:, T - 1]); both pick the row with index_select."""
     s0 = _input_spec(rw, n)
     d = n.args[1] % len(s0)
-    if _padded(s0[d]):
-        raise NoBucket("a select on a padded dimension")
-    return s0[:d] + s0[d + 1:]
+    spec = s0[:d] + s0[d + 1:]
+    index = n.args[2]
+    symbolic = isinstance(index, torch.fx.Node)
+    if not symbolic and (not _padded(s0[d]) or index >= 0):  # recorded at the real sizes: valid as it is
+        return spec
+    if not symbolic and len(s0[d]) != 1:
+        raise NoBucket("a select from the end of a merged padded dimension")
+    with rw.graph.inserting_before(n):
+        if symbolic:
+            real_index = rw.sym_tensor(_val(index).node.expr)
+        else:
+            real_index = rw.call(aten.add.Scalar, rw.real(s0[d][0][1]), index)
+        picked = rw.call(aten.index_select.default, n.args[0], d, rw.call(aten.view.default, real_index, [1]))
+        out = rw.call(aten.squeeze.dim, picked, d)
+    out.meta["val"] = v
+    n.replace_all_uses_with(out)
+    rw.graph.erase_node(n)
+    rw.spec[out] = spec
+    return spec
 
 
 @rule("aten::cat")

@@ -253,6 +253,7 @@ at::Tensor download(const ValuePtr& value) {
   BufferPtr buffer;
   {
     EngineLock lock;
+    Engine::get().compute(value);
     if (value->padded_only()) padded = value->padded;
     else buffer = Engine::get().materialize(value);
   }

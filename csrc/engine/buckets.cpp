@@ -3,6 +3,7 @@
 #include "engine/buckets.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <unordered_set>
@@ -318,7 +319,8 @@ bool Engine::run_bucketed(Graph& g) {
   BucketState::Structure& structure = it->second;
   std::string refused;
   if (fresh) {
-    structure.id = buckets_->next_id++;
+    static std::atomic<int64_t> next_id{1};  // never reused: the runner caches by id
+    structure.id = next_id++;
     structure.origin = g.origin;
     structure.ops = static_cast<int64_t>(g.nodes.size());
     structure.first = sizes;
@@ -380,7 +382,8 @@ std::string Engine::run_padded(Graph& g, BucketState::Structure& structure, cons
       run = hooks_.run_bucketed(request);
     } catch (const std::exception& e) {
       run = BucketRun{};
-      run.refused = std::string("the padded graph could not be recorded: ") + e.what();
+      std::string what = e.what();
+      run.refused = "the padded graph could not be recorded: " + what.substr(0, what.find('\n'));
     }
     bucket_depth_--;
     pending_.swap(saved_pending);

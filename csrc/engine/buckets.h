@@ -155,7 +155,6 @@ struct BucketState {
   std::unordered_map<uint64_t, Structure> structures;
   std::map<std::string, int64_t> exact_graphs_by_origin;  // the storm guard's count
   std::set<std::string> warned_origins;
-  int64_t next_id = 1;
 };
 void reset_bucket_counts(BucketState& state);
 

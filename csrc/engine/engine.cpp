@@ -145,10 +145,15 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
   return results;
 }
 
+void Engine::compute(const ValuePtr& value) {
+  EngineLock lock;
+  if (value->pending()) flush_locked(value->device);
+}
+
 BufferPtr Engine::materialize(const ValuePtr& value) {
   EngineLock lock;
+  compute(value);
   if (value->padded_only()) compute_unpadded(value);
-  if (value->pending()) flush_locked(value->device);
   if (!value->buffer) throw std::logic_error("torchtpu: a tensor was not computed by its graph");
   return value->buffer;
 }

@@ -63,6 +63,9 @@ class Engine {
   std::vector<ValuePtr> record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
                                std::vector<TensorType> outputs, int device);
   ValuePtr from_buffer(BufferPtr buffer);
+  // Runs the pending work that computes a value (an observation point): it then has a
+  // buffer, or only a padded one (value->padded) when a bucketed graph computed it.
+  void compute(const ValuePtr& value);
   // The buffer of a value, running pending work first (an observation point).
   BufferPtr materialize(const ValuePtr& value);
   // Runs all pending work; with wait, also waits until the device has finished it.
