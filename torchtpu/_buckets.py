@@ -283,11 +283,15 @@ _SIZE_ARGS = {_op_from_name(name) for name in _VIEWS + _FACTORIES + (
     "aten::expand", "aten::slice.Tensor", "aten::narrow", "aten::split_with_sizes", "aten::split.Tensor",
     "aten::embedding_dense_backward", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
     "aten::as_strided", "aten::native_layer_norm", "aten::native_layer_norm_backward",
-    "aten::new_empty_strided")}
+    "aten::new_empty_strided", "aten::expand_copy", "aten::slice_copy.Tensor", "aten::narrow_copy",
+    "aten::split_with_sizes_copy", "aten::split_copy.Tensor", "aten::as_strided_copy", "aten::select_backward",
+    "aten::slice_backward")}
 # Factories whose listed arguments are values (start of a range, fill value), not sizes.
 _VALUE_FIRST_ARGS = {_op_from_name(name): args for name, args in (
     ("aten::arange.start", (0,)), ("aten::arange.start_step", (0, 2)), ("aten::full", (1,)),
     ("aten::new_full", (2,)), ("aten::full_like", (1,)), ("aten::scalar_tensor", (0,)))}
+# Ops whose int argument is a position, read at the real sizes (x[:, T - 1]) by their rule.
+_SELECTS = ("aten::select.int", "aten::select_copy.int")
 # Arithmetic that may take a size as a value (x * s0, grad / s0): it gets the real size.
 _SIZE_AS_VALUE_OPS = (aten.add, aten.sub, aten.mul, aten.div, aten.true_divide, aten.rsub)
 
@@ -419,6 +423,23 @@ class _Rewrite:
         args[index] = new
         n.args = tuple(args)
 
+    def replace_outputs(self, n, values, specs):
+        """Replaces a multi-output op by one node per output (a rule's masked version of it):
+        its getitem users read values[i] instead, and the op goes."""
+        for u in [u for u in n.users if u.target is operator.getitem]:
+            new = values[u.args[1]]
+            new.meta["val"] = u.meta.get("val")
+            self.spec[new] = specs[u.args[1]]
+            u.replace_all_uses_with(new)
+            self.graph.erase_node(u)
+        self.graph.erase_node(n)
+
+    def count(self, x, spec, dims, keep, dtype):
+        """The number of real elements of x (padding spec `spec`) in each reduction over dims."""
+        ones = self.call(aten._to_copy.default, self.mask(spec), dtype=dtype)
+        ones = self.call(aten.expand.default, ones, list(self.shape(_val(x))))
+        return self.call(aten.sum.dim_IntList, ones, dims, keep)
+
     # --- the pass -----------------------------------------------------------------------
     def run(self):
         nodes = list(self.graph.nodes)
@@ -440,7 +461,7 @@ class _Rewrite:
                 self.spec[n] = spec
                 self.placeholder_specs[n.name] = spec
         for n in nodes:
-            if n.op == "call_function":
+            if n.op == "call_function" and not getattr(n, "_erased", False):  # rules may replace later nodes
                 with self.graph.inserting_before(n.next):
                     self.visit(n)
         self.graph.lint()
@@ -468,6 +489,9 @@ class _Rewrite:
                 isinstance(_val(n.args[i]), (torch.SymInt, torch.SymFloat))
                 for i in _VALUE_FIRST_ARGS[op] if i < len(n.args) and isinstance(n.args[i], torch.fx.Node)):
             raise NoBucket(f"{name} takes a size as a value")  # arange(T, 2T), full(.., T)
+        if sym_args and name in _SELECTS:
+            self.spec[n] = _select(self, n, v)
+            return
         if sym_args and op not in _SIZE_ARGS:
             self.size_as_value(n, op, name)
             op = n.target
@@ -525,18 +549,20 @@ def _dim_arg(n, index, ndim, default=0):
     return d % ndim
 
 
-@rule(*_VIEWS, "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims")
+# Fused eager graphs (_fused_buckets.py) hold the *_copy forms of views (functionalization's).
+@rule(*_VIEWS, "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::squeeze_copy",
+      "aten::squeeze_copy.dim", "aten::squeeze_copy.dims")
 def _view(rw, n, v):
     return _regroup(_input_spec(rw, n), rw.shape(v))
 
 
-@rule("aten::permute")
+@rule("aten::permute", "aten::permute_copy")
 def _permute(rw, n, v):
     s0 = _input_spec(rw, n)
     return tuple(s0[d] for d in n.args[1])
 
 
-@rule("aten::transpose.int")
+@rule("aten::transpose.int", "aten::transpose_copy.int")
 def _transpose(rw, n, v):
     s0 = _input_spec(rw, n)
     d0, d1 = n.args[1] % len(s0), n.args[2] % len(s0)
@@ -545,19 +571,19 @@ def _transpose(rw, n, v):
     return tuple(out)
 
 
-@rule("aten::t")
+@rule("aten::t", "aten::t_copy")
 def _t(rw, n, v):
     return tuple(reversed(_input_spec(rw, n)))
 
 
-@rule("aten::unsqueeze")
+@rule("aten::unsqueeze", "aten::unsqueeze_copy")
 def _unsqueeze(rw, n, v):
     s0 = _input_spec(rw, n)
     d = n.args[1] % (len(s0) + 1)
     return s0[:d] + (_plain(1),) + s0[d:]
 
 
-@rule("aten::expand")
+@rule("aten::expand", "aten::expand_copy")
 def _expand(rw, n, v):
     s0 = _input_spec(rw, n)
     out_shape = rw.shape(v)
@@ -575,12 +601,14 @@ def _expand(rw, n, v):
     return spec
 
 
-@rule("aten::alias", "aten::clone", "aten::detach", "aten::lift_fresh_copy", "aten::_to_copy", "aten::contiguous")
+@rule("aten::alias", "aten::clone", "aten::detach", "aten::lift_fresh_copy", "aten::_to_copy", "aten::contiguous",
+      "aten::alias_copy", "aten::detach_copy")
 def _same(rw, n, v):
     return _input_spec(rw, n)
 
 
-@rule("aten::split_with_sizes", "aten::split.Tensor", "aten::chunk")
+@rule("aten::split_with_sizes", "aten::split.Tensor", "aten::chunk", "aten::split_with_sizes_copy",
+      "aten::split_copy.Tensor")
 def _split(rw, n, v):
     s0 = _input_spec(rw, n)
     d = _dim_arg(n, 2, len(s0))
@@ -589,7 +617,7 @@ def _split(rw, n, v):
     return [s0[:d] + (_plain(rw.shape(o)[d]),) + s0[d + 1:] for o in v]
 
 
-@rule("aten::unbind.int")
+@rule("aten::unbind.int", "aten::unbind_copy.int")
 def _unbind(rw, n, v):
     s0 = _input_spec(rw, n)
     d = _dim_arg(n, 1, len(s0))
@@ -598,7 +626,7 @@ def _unbind(rw, n, v):
     return [s0[:d] + s0[d + 1:] for _ in v]
 
 
-@rule("aten::slice.Tensor")
+@rule("aten::slice.Tensor", "aten::slice_copy.Tensor")
 def _slice(rw, n, v):
     s0 = _input_spec(rw, n)
     d = _dim_arg(n, 1, len(s0))
@@ -618,13 +646,31 @@ def _slice(rw, n, v):
     return s0[:d] + (_plain(out_shape[d]),) + s0[d + 1:]
 
 
-@rule("aten::select.int")
+@rule(*_SELECTS)
 def _select(rw, n, v):
+    """x.select(d, i): i counts from the real end when negative (x[:, -1]) and is read at
+    the real sizes when it is a size (x[:, T - 1]); both pick the row with index_select."""
     s0 = _input_spec(rw, n)
     d = n.args[1] % len(s0)
-    if _padded(s0[d]):
-        raise NoBucket("a select on a padded dimension")
-    return s0[:d] + s0[d + 1:]
+    spec = s0[:d] + s0[d + 1:]
+    index = n.args[2]
+    symbolic = isinstance(index, torch.fx.Node)
+    if not symbolic and (not _padded(s0[d]) or index >= 0):  # recorded at the real sizes: valid as it is
+        return spec
+    if not symbolic and len(s0[d]) != 1:
+        raise NoBucket("a select from the end of a merged padded dimension")
+    with rw.graph.inserting_before(n):
+        if symbolic:
+            real_index = rw.sym_tensor(_val(index).node.expr)
+        else:
+            real_index = rw.call(aten.add.Scalar, rw.real(s0[d][0][1]), index)
+        picked = rw.call(aten.index_select.default, n.args[0], d, rw.call(aten.view.default, real_index, [1]))
+        out = rw.call(aten.squeeze.dim, picked, d)
+    out.meta["val"] = v
+    n.replace_all_uses_with(out)
+    rw.graph.erase_node(n)
+    rw.spec[out] = spec
+    return spec
 
 
 @rule("aten::cat")
@@ -638,6 +684,26 @@ def _cat(rw, n, v):
     return rest[:d] + (_plain(out_shape[d]),) + rest[d + 1:]
 
 
+@rule("aten::select_backward")
+def _select_backward(rw, n, v):
+    """x.select(d, i)'s gradient: zeros shaped like x, the gradient at index i of d."""
+    s0 = _input_spec(rw, n)
+    d = n.args[2] % v.dim()
+    if _expr(v.shape[d]).free_symbols:
+        raise NoBucket("a select on a padded dimension")
+    return s0[:d] + (_plain(rw.shape(v)[d]),) + s0[d:]
+
+
+@rule("aten::slice_backward")
+def _slice_backward(rw, n, v):
+    """x[..., a:b]'s gradient: zeros shaped like x, the gradient in the slice of d."""
+    s0 = _input_spec(rw, n)
+    d = n.args[2] % v.dim()
+    if _padded(s0[d]) or _expr(v.shape[d]).free_symbols:
+        raise NoBucket("a slice of a padded dimension")
+    return s0[:d] + (_plain(rw.shape(v)[d]),) + s0[d + 1:]
+
+
 # ---------------------------------------------------------------------------------------
 # Rules: elementwise ops and factories (their padding is set to zero afterwards).
 
@@ -649,7 +715,7 @@ def _factory(rw, n, v):
     return spec
 
 
-@rule("aten::tril", "aten::triu")  # positional, but elementwise for the padding
+@rule("aten::tril", "aten::triu", "aten::fill.Scalar", "aten::fill.Tensor", "aten::zero")  # elementwise for the padding
 def _elementwise(rw, n, v):
     """Also the rule of every op PyTorch tags pointwise (rule_for)."""
     spec = _broadcast([rw.arg_spec(x) for x in n.args], rw.shape(v))
@@ -737,9 +803,7 @@ def _mean(rw, n, v):
     dtype = n.kwargs.get("dtype") or v.dtype
     with rw.graph.inserting_before(n):
         total = rw.call(aten.sum.dim_IntList, x, dims, keep, dtype=dtype)
-        ones = rw.call(aten._to_copy.default, rw.mask(s0), dtype=dtype)
-        ones = rw.call(aten.expand.default, ones, list(rw.shape(_val(x))))
-        count = rw.call(aten.sum.dim_IntList, ones, dims, keep)
+        count = rw.count(x, s0, dims, keep, dtype)
         mean = rw.call(aten.div.Tensor, total, count)
     mean.meta["val"] = v
     n.replace_all_uses_with(mean)
@@ -848,6 +912,141 @@ def _nll_loss_backward(rw, n, v):
     spec = rw.arg_spec(n.args[1])
     rw.rezero(n, spec, v.dtype)
     return spec
+
+
+# ---------------------------------------------------------------------------------------
+# Rules: convolutional networks (a padded batch; channels and space stay exact).
+
+
+def _batch_only(rw, n, what):
+    """The padded dimension of n's tensor arguments may only be the batch (dimension 0)."""
+    for a in n.args:
+        spec = rw.arg_spec(a)
+        if spec is not None and any(_padded(d) for d in spec[1:]):
+            raise NoBucket(f"{what} along a padded dimension")
+
+
+def _batch_spec(s0, out):
+    """The spec of a tensor shaped `out` whose batch is that of s0 (the rest exact)."""
+    return (s0[0],) + tuple(_plain(size) for size in out[1:])
+
+
+@rule("aten::convolution")
+def _convolution(rw, n, v):
+    _batch_only(rw, n, "a convolution")
+    spec = _batch_spec(_input_spec(rw, n), rw.shape(v))
+    rw.rezero(n, spec, v.dtype)  # the bias landed in padded rows
+    return spec
+
+
+@rule("aten::convolution_backward")
+def _convolution_backward(rw, n, v):
+    _batch_only(rw, n, "a convolution")  # zero rows of the gradient add nothing to the weight's
+    specs = [_batch_spec(rw.arg_spec(n.args[1]), rw.shape(v[0])) if v[0] is not None else None,
+             _unpadded_spec(rw.shape(v[1])) if v[1] is not None else None,
+             _unpadded_spec(rw.shape(v[2])) if v[2] is not None else None]
+    rw.rezero_outputs(n, specs, v)
+    return specs
+
+
+@rule("aten::max_pool2d_with_indices", "aten::max_pool3d_with_indices")
+def _max_pool(rw, n, v):
+    _batch_only(rw, n, "a pooling")
+    spec = _batch_spec(_input_spec(rw, n), rw.shape(v[0]))
+    specs = [spec, spec]
+    rw.rezero_outputs(n, specs, v)
+    return specs
+
+
+@rule("aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward", "aten::avg_pool2d",
+      "aten::avg_pool2d_backward", "aten::_adaptive_avg_pool2d", "aten::_adaptive_avg_pool2d_backward",
+      "aten::_native_batch_norm_legit_no_training")
+def _per_sample(rw, n, v):
+    """Ops that treat each sample of the batch apart (eval-mode batch norm: per channel)."""
+    _batch_only(rw, n, f"{n.target.name()}")
+    outs = v if isinstance(v, (list, tuple)) else [v]
+    s0 = _input_spec(rw, n)
+    specs = [_batch_spec(s0, rw.shape(o)) if o is not None and o.dim() == len(s0) else
+             _unpadded_spec(rw.shape(o)) if o is not None else None for o in outs]
+    if isinstance(v, (list, tuple)):
+        rw.rezero_outputs(n, specs, v)
+        return specs
+    rw.rezero(n, specs[0], v.dtype)
+    return specs[0]
+
+
+def _channel_view(rw, t, ndim):
+    """A per-channel vector [C] as [1, C, 1, ...] (broadcast against an NC... tensor)."""
+    return rw.call(aten.view.default, t, [1, -1] + [1] * (ndim - 2))
+
+
+@rule("aten::_native_batch_norm_legit_functional")
+def _batch_norm(rw, n, v):
+    """Training batch norm over a padded batch: statistics over the real elements only."""
+    x, weight, bias, running_mean, running_var, training, momentum, eps = n.args
+    s0 = rw.arg_spec(x)
+    if _padded(s0[1]):
+        raise NoBucket("a batch norm over padded channels")
+    if not training:
+        return _per_sample(rw, n, v)
+    ndim = len(s0)
+    dims = [d for d in range(ndim) if d != 1]
+    dtype = v[0].dtype
+    with rw.graph.inserting_before(n):
+        count = rw.call(aten.view.default, rw.count(x, s0, dims, False, dtype), [-1])
+        mean = rw.call(aten.div.Tensor, rw.call(aten.sum.dim_IntList, x, dims), count)
+        centered = rw.fill(rw.call(aten.sub.Tensor, x, _channel_view(rw, mean, ndim)), s0, 0, dtype)
+        var = rw.call(aten.div.Tensor, rw.call(aten.sum.dim_IntList, rw.call(aten.mul.Tensor, centered, centered), dims),
+                      count)
+        invstd = rw.call(aten.rsqrt.default, rw.call(aten.add.Scalar, var, eps))
+        out = rw.call(aten.mul.Tensor, centered, _channel_view(rw, invstd, ndim))
+        if weight is not None:
+            out = rw.call(aten.mul.Tensor, out, _channel_view(rw, weight, ndim))
+        if bias is not None:
+            out = rw.fill(rw.call(aten.add.Tensor, out, _channel_view(rw, bias, ndim)), s0, 0, dtype)
+        unbiased = rw.call(aten.div.Tensor, rw.call(aten.mul.Tensor, var, count),
+                           rw.call(aten.clamp_min.default, rw.call(aten.sub.Scalar, count, 1), 1))
+        new_mean = rw.call(aten.add.Tensor, rw.call(aten.mul.Scalar, running_mean, 1 - momentum),
+                           rw.call(aten.mul.Scalar, mean, momentum))
+        new_var = rw.call(aten.add.Tensor, rw.call(aten.mul.Scalar, running_var, 1 - momentum),
+                          rw.call(aten.mul.Scalar, unbiased, momentum))
+    stat = _unpadded_spec(rw.shape(v[1]))
+    specs = [s0, stat, stat, stat, stat]
+    rw.replace_outputs(n, [out, mean, invstd, new_mean, new_var], specs)
+    return specs
+
+
+@rule("aten::native_batch_norm_backward")
+def _batch_norm_backward(rw, n, v):
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask = n.args
+    s0 = rw.arg_spec(x)
+    if _padded(s0[1]):
+        raise NoBucket("a batch norm over padded channels")
+    stat = _unpadded_spec(rw.shape(v[1])) if v[1] is not None else _unpadded_spec(rw.shape(v[2])) \
+        if v[2] is not None else None
+    specs = [s0 if v[0] is not None else None, stat if v[1] is not None else None, stat if v[2] is not None else None]
+    if not train:  # per channel: zero rows of the gradient give zero rows and add nothing
+        rw.rezero_outputs(n, specs, v)
+        return specs
+    ndim = len(s0)
+    dims = [d for d in range(ndim) if d != 1]
+    dtype = _val(x).dtype
+    with rw.graph.inserting_before(n):
+        count = rw.call(aten.view.default, rw.count(x, s0, dims, False, dtype), [-1])
+        invstd = _channel_view(rw, save_invstd, ndim)
+        xhat = rw.fill(rw.call(aten.mul.Tensor, rw.call(aten.sub.Tensor, x, _channel_view(rw, save_mean, ndim)), invstd),
+                       s0, 0, dtype)
+        g = grad if weight is None else rw.call(aten.mul.Tensor, grad, _channel_view(rw, weight, ndim))
+        sum_g = _channel_view(rw, rw.call(aten.sum.dim_IntList, g, dims), ndim)
+        sum_gx = _channel_view(rw, rw.call(aten.sum.dim_IntList, rw.call(aten.mul.Tensor, g, xhat), dims), ndim)
+        t = rw.call(aten.sub.Tensor, rw.call(aten.mul.Tensor, g, _channel_view(rw, count, ndim)), sum_g)
+        t = rw.call(aten.sub.Tensor, t, rw.call(aten.mul.Tensor, xhat, sum_gx))
+        dx = rw.fill(rw.call(aten.mul.Tensor, t, rw.call(aten.div.Tensor, invstd, _channel_view(rw, count, ndim))),
+                     s0, 0, dtype)
+        dw = rw.call(aten.sum.dim_IntList, rw.call(aten.mul.Tensor, grad, xhat), dims)
+        db = rw.call(aten.sum.dim_IntList, grad, dims)
+    rw.replace_outputs(n, [dx, dw, db], specs)
+    return specs
 
 
 # ---------------------------------------------------------------------------------------

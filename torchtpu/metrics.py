@@ -12,6 +12,13 @@ def recompilations() -> list:
     return _C.recompilations()
 
 
+def buckets() -> list:
+    """Fused graphs seen at more than one size (issue 16): per structure, the Python line that
+    started it, its op count, how many flushes ran padded and to which buckets (one size per
+    symbol), how many graphs it compiled at exact sizes and why the latest one was not padded."""
+    return _C.bucket_summaries()
+
+
 def reset() -> None:
     _C.reset_metrics()
 
@@ -38,6 +45,17 @@ def report() -> str:
         lines.append("  torch.compile graphs run at exact sizes instead of a padded bucket:")
         for reason in compiler.bucket_fallbacks[-20:]:
             lines.append(f"    {reason}")
+    seen = buckets()
+    if seen:
+        lines.append("  fused graphs seen at several sizes (TORCHTPU_BUCKETS):")
+        for b in seen:
+            parts = []
+            if b["padded_runs"]:
+                sizes = ", ".join(str(k[0]) if len(k) == 1 else str(tuple(k)) for k in b["buckets"])
+                parts.append(f"{b['padded_runs']} runs padded to buckets {sizes}")
+            if b["exact_graphs"]:
+                parts.append(f"{b['exact_graphs']} graphs at exact sizes (the latest: {b['exact_reason']})")
+            lines.append(f"    {b['origin'] or '<no Python line>'} ({b['ops']} ops): " + "; ".join(parts))
     recompiled = recompilations()
     if recompiled:
         lines.append("  recompilations (where the new graph started, and what changed):")

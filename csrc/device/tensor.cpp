@@ -241,23 +241,52 @@ ValuePtr upload(const at::Tensor& cpu_in, int device) {
   return Engine::get().from_buffer(runtime().upload(&m, type, device));
 }
 
+namespace {
+
+// The real elements of a padded host copy (a value a bucketed graph computed padded): sliced
+// on the host, so that reading such a value compiles nothing.
+at::Tensor unpad_on_host(const at::Tensor& host, const PaddedBuffer& padded) {
+  std::vector<int64_t> bucket, real;
+  for (const auto& dim : padded.dims)
+    for (const auto& f : dim) {
+      bucket.push_back(f.bucket);
+      real.push_back(f.real);
+    }
+  at::Tensor x = host.reshape(bucket);
+  for (size_t d = 0; d < real.size(); ++d) x = x.narrow(static_cast<int64_t>(d), 0, real[d]);
+  return x;
+}
+
+}  // namespace
+
 at::Tensor download(const ValuePtr& value) {
-  BufferPtr buffer = Engine::get().materialize(value);
+  std::shared_ptr<const PaddedBuffer> padded;
+  BufferPtr buffer;
+  {
+    EngineLock lock;
+    Engine::get().compute(value);
+    if (value->padded_only()) padded = value->padded;
+    else buffer = Engine::get().materialize(value);
+  }
+  const DeviceBuffer& source = padded ? *padded->buffer : *buffer;
   if (tracing()) {
     // The copy waits for the value's computation: traced apart, the transfer's span is the copy.
     TraceSpan wait([&] {
       return TraceEvent{"torchtpu::wait", {{"reason", "to_host"}, {"device", static_cast<int64_t>(value->device)}}};
     });
-    runtime().wait(*buffer);
+    runtime().wait(source);
   }
-  TraceSpan span([&] { return transfer_event("to_host", value->type, value->device); });
-  DLManagedTensor* managed = runtime().download(*buffer);
+  const TensorType& stored = padded ? padded->buffer->type : value->type;
+  TraceSpan span([&] { return transfer_event("to_host", stored, value->device); });
+  DLManagedTensor* managed = runtime().download(source);
   at::Tensor host = at::fromDLPack(managed);
   at::ScalarType want = to_scalar_type(value->type.dtype);
   if (host.scalar_type() != want) host = host.view(want);
+  host = host.reshape(stored.shape);
+  if (padded) host = unpad_on_host(host, *padded);
   at::Tensor out = at::empty(value->type.shape, at::TensorOptions().dtype(want));
   if (out.numel()) out.copy_(host.reshape(value->type.shape));
-  Engine::get().metrics().bytes_to_host += value->type.nbytes();
+  Engine::get().metrics().bytes_to_host += stored.nbytes();
   return out;
 }
 

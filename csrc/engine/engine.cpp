@@ -9,6 +9,7 @@
 
 #include "engine/disk_cache.h"
 #include "engine/trace.h"
+#include "engine/graph_plan.h"
 #include "lowering/registry.h"
 #include "stablehlo/builder.h"
 #include "stablehlo/module.h"
@@ -65,29 +66,7 @@ Engine& Engine::get() {
   return *engine;
 }
 
-// A graph ready to compile and run: its nodes in topological order, the buffers it reads
-// (parameters), the values it produces (roots) and its structural hash.
-struct Engine::Graph {
-  int device = 0;
-  std::vector<Node*> nodes;
-  std::unordered_map<const Node*, int> node_index;
-  std::vector<ValuePtr> params;
-  std::unordered_map<const Value*, int> param_index;
-  std::vector<ValuePtr> roots;
-  std::vector<int> aliasing;  // per parameter: the root it donates its buffer to, or -1
-  std::vector<double> float_scalars;
-  std::vector<int64_t> int_scalars;
-  std::vector<std::vector<int>> lifted_slots;
-  uint64_t hash = 0;
-  std::string origin;
-  bool donate = true;  // false for captured graphs (their parameters belong to the caller)
-};
-
 namespace {
-
-// Orders the pending nodes reachable from the roots (operands first), without recursion.
-void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots);
-
 // The event of finding a graph's executable: `cache` is where it came from (memory, disk)
 // or "compiled" (XLA compiled it); the span's duration is the time that took.
 TraceEvent compile_event(Engine::Graph& g, const char* cache, const Hooks& hooks) {
@@ -125,6 +104,7 @@ void Engine::clear_memory_cache() {
   EngineLock lock;
   memory_cache_.clear();
   last_signature_by_origin_.clear();
+  buckets_ = std::make_shared<BucketState>();
 }
 
 void Engine::reset_metrics() {
@@ -141,6 +121,7 @@ void Engine::reset_metrics() {
   metrics_.compile_seconds = 0;
   metrics_.fallback_ops.clear();
   metrics_.recompilation_log.clear();
+  reset_bucket_counts(*buckets_);
 }
 
 void Engine::record_fallback(const std::string& op) {
@@ -205,9 +186,15 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
   return results;
 }
 
-BufferPtr Engine::materialize(const ValuePtr& value) {
+void Engine::compute(const ValuePtr& value) {
   EngineLock lock;
   if (value->pending()) flush_locked(value->device, FlushReason::Observation);
+}
+
+BufferPtr Engine::materialize(const ValuePtr& value) {
+  EngineLock lock;
+  compute(value);
+  if (value->padded_only()) compute_unpadded(value);
   if (!value->buffer) throw std::logic_error("torchtpu: a tensor was not computed by its graph");
   return value->buffer;
 }
@@ -229,6 +216,7 @@ void Engine::flush_locked(int device, FlushReason reason) {
   Graph graph;
   graph.device = device;
   graph.origin = pending_origin_;
+  graph.bucketable = mode_.load() == Mode::Fused;
   std::vector<std::weak_ptr<Value>> keep;
   for (auto& weak : pending_) {
     ValuePtr v = weak.lock();
@@ -255,8 +243,6 @@ void Engine::flush_locked(int device, FlushReason reason) {
   });
   run_graph(graph);
 }
-
-namespace {
 
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
   std::vector<std::pair<Node*, size_t>> stack;
@@ -296,8 +282,6 @@ void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
   }
 }
 
-}  // namespace
-
 // ---- running a graph: plan donation, lift scalars, hash, find or compile, launch -------
 
 // A parameter nothing else holds gives its buffer to a root of the same type (an optimizer
@@ -323,7 +307,9 @@ void Engine::plan_donation(Graph& g) {
 // Lifted scalar arguments, in node order, become the float and int packs; each node's
 // lifted_slots say where its arguments start.
 void Engine::lift_scalars(Graph& g) {
-  g.lifted_slots.resize(g.nodes.size());
+  g.float_scalars.clear();
+  g.int_scalars.clear();
+  g.lifted_slots.assign(g.nodes.size(), {});
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const Node* node = g.nodes[n];
     auto& slots = g.lifted_slots[n];
@@ -415,6 +401,12 @@ void Engine::run_graph(Graph& g) {
   plan_donation(g);
   lift_scalars(g);
   hash_graph(g);
+  if (g.bucketable && run_bucketed(g)) return;
+  if (unpad_params(g)) {  // values computed padded by an earlier graph: sliced in this one
+    plan_donation(g);
+    lift_scalars(g);
+    hash_graph(g);
+  }
   ExecutablePtr exe = find_or_compile(g);
   std::vector<BufferPtr> args;
   args.reserve(g.params.size() + 2);

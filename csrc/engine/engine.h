@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/buckets.h"
 #include "ir/graph.h"
 #include "runtime/runtime.h"
 
@@ -54,6 +55,8 @@ struct Hooks {
   // Runs `wait` (a blocking call) without holding the GIL if this thread holds it: the
   // thread that holds the engine may need the GIL to finish.
   std::function<void(const std::function<void()>& wait)> without_gil;
+  // Runs a fused flush padded to a bucket of its sizes (engine/buckets.h); unset: exact sizes.
+  BucketRunner run_bucketed;
 };
 
 class Engine {
@@ -68,6 +71,9 @@ class Engine {
   std::vector<ValuePtr> record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
                                std::vector<TensorType> outputs, int device);
   ValuePtr from_buffer(BufferPtr buffer);
+  // Runs the pending work that computes a value (an observation point): it then has a
+  // buffer, or only a padded one (value->padded) when a bucketed graph computed it.
+  void compute(const ValuePtr& value);
   // The buffer of a value, running pending work first (an observation point).
   BufferPtr materialize(const ValuePtr& value);
   // Runs all pending work; with wait, also waits until the device has finished it.
@@ -86,6 +92,9 @@ class Engine {
   void clear_memory_cache();
 
   std::recursive_mutex& mutex() { return mutex_; }
+
+  // Fused graphs seen at more than one size: what ran padded and what could not (buckets.cpp).
+  std::vector<BucketSummary> bucket_summaries();
 
   struct Graph;  // defined in engine.cpp
 
@@ -143,6 +152,17 @@ class Engine {
   DType scalar_float_dtype();
 
   void flush_locked(int device, FlushReason reason);
+
+  // Shape buckets (buckets.cpp): a flush that only differs in sizes from an earlier one runs
+  // padded; values computed padded are sliced when an exact graph or the user reads them.
+  bool run_bucketed(Graph& graph);
+  std::string run_padded(Graph& graph, BucketState::Structure& structure, const std::vector<int64_t>& sizes,
+                         const std::vector<SizeSlot>& slots);
+  void note_exact_graph(const Graph& graph, BucketState::Structure& structure, const std::string& reason);
+  bool unpad_params(Graph& graph);
+  void compute_unpadded(const ValuePtr& value);
+  std::shared_ptr<BucketState> buckets_ = std::make_shared<BucketState>();
+  int bucket_depth_ = 0;  // > 0 while a bucketed graph is being recorded
 
   std::atomic<Mode> mode_{Mode::Fused};
   std::recursive_mutex mutex_;

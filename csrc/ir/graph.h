@@ -43,6 +43,19 @@ struct Arg {
 struct Value;
 using ValuePtr = std::shared_ptr<Value>;
 
+// A value computed at a bucket's sizes (a fused graph run padded, engine/buckets.h): the
+// buffer holds the real elements with zeros around them. Per dimension, its factors
+// (outermost first) at the bucket's and at the real size, so that a dimension merging a
+// padded one (a view of [B, T] as [B*T]) says where its padding lies.
+struct PaddedBuffer {
+  struct Factor {
+    int64_t bucket = 1;
+    int64_t real = 1;
+  };
+  BufferPtr buffer;
+  std::vector<std::vector<Factor>> dims;
+};
+
 struct Node {
   OpKind op;
   std::vector<Arg> args;
@@ -66,6 +79,9 @@ struct Value {
   TensorType type;
   int device = 0;
   BufferPtr buffer;     // set once computed
+  // Set instead of `buffer` when a bucketed graph computed it: read through a slice (in the
+  // graph that uses it, or on the host when downloaded) or carried padded into the next one.
+  std::shared_ptr<const PaddedBuffer> padded;
   NodePtr node;         // set while pending
   int output_index = 0;
   // How many pending nodes use this value as an operand. A value held by nothing else is
@@ -73,6 +89,7 @@ struct Value {
   std::atomic<int> node_uses{0};
 
   bool pending() const { return node != nullptr; }
+  bool padded_only() const { return !node && !buffer && padded; }
 };
 
 uint64_t hash_node(const Node& node);

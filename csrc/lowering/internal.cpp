@@ -1,4 +1,5 @@
-// Internal ops the device layer records itself: dtype conversion, broadcast, zeros.
+// Internal ops the device layer and the engine record themselves: dtype conversion, broadcast,
+// zeros, and the slice that reads a value computed padded to a bucket.
 #include "lowering/common.h"
 
 namespace torchtpu {
@@ -19,7 +20,19 @@ void lower_zeros(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.constant(0, ctx.out(node).dtype, ctx.out(node).shape));
 }
 
+// torchtpu::unpad(Tensor, int[] bucket_factors, int[] real_factors): the real elements of a
+// value a bucketed graph computed padded (engine/buckets.h): its dims split into factors,
+// each factor sliced to its real size.
+void lower_unpad(LoweringContext& ctx, const Node& node) {
+  const std::vector<int64_t>& bucket = node.args[1].ints;
+  const std::vector<int64_t>& real = node.args[2].ints;
+  V x = ctx.reshape(ctx.input(node, 0), bucket);
+  x = ctx.slice(x, std::vector<int64_t>(bucket.size(), 0), real, std::vector<int64_t>(bucket.size(), 1));
+  ctx.set_result(ctx.reshape(x, ctx.out(node).shape));
+}
+
 LOWERING("torchtpu::convert", lower_convert);
+LOWERING("torchtpu::unpad", lower_unpad);
 LOWERING("torchtpu::broadcast", lower_broadcast);
 LOWERING("torchtpu::zeros", lower_zeros);
 

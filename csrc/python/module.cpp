@@ -20,6 +20,10 @@
 namespace py = pybind11;
 using namespace torchtpu;
 
+namespace torchtpu {
+void init_buckets(py::module_& m);  // python/buckets.cpp
+}  // namespace torchtpu
+
 namespace {
 
 // "file.py:12 in fn" for the innermost frame outside torch and torchtpu, or "".
@@ -119,6 +123,7 @@ PYBIND11_MODULE(_C, m) {
   Engine::get().hooks().python_origin = python_origin;
   Engine::get().hooks().warn = python_warn;
   Engine::get().hooks().without_gil = without_gil;
+  init_buckets(m);
 
   m.def("init", [](const std::string& platform, int cpu_devices) { init_runtime(platform, cpu_devices); },
         py::arg("platform"), py::arg("cpu_devices") = 1);
