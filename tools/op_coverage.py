@@ -82,6 +82,10 @@ def _stub_expecttest():
         sys.modules["expecttest"] = module
 
 
+# Dtypes besides float32 with a column in the markdown's "By dtype" table.
+OTHER_DTYPES = ("bfloat16", "float16", "int64")
+
+
 def op_key(op) -> str:
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
@@ -316,26 +320,27 @@ class _Worker:
 
     # ---- one op --------------------------------------------------------------------------
 
-    def run_op(self, key, samples, backward, progress):
+    def run_op(self, key, samples, backward, progress, dtype_name="float32"):
         torch = self.torch
         op = self.ops[key]
+        dtype = getattr(torch, dtype_name)
         result = {"fwd": "n/a", "bwd": "n/a", "reason": "", "bwd_reason": "", "fallback_fwd": {},
                   "fallback_bwd": {}, "samples_fwd": 0, "samples_bwd": 0, "random": False}
-        if torch.float32 not in op.supported_dtypes("cpu"):
-            result["reason"] = "float32 not supported by the op (OpInfo dtypes)"
+        if dtype not in op.supported_dtypes("cpu"):
+            result["reason"] = f"{dtype_name} not supported by the op (OpInfo dtypes)"
             return result
-        want_grad = bool(backward and op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu"))
-        self.atol, self.rtol, result["tolerance_from"] = tolerance(op, torch.float32)
+        want_grad = bool(backward and op.supports_autograd and dtype in op.supported_backward_dtypes("cpu"))
+        self.atol, self.rtol, result["tolerance_from"] = tolerance(op, dtype)
         if result["tolerance_from"]:
             result["tolerance"] = {"atol": self.atol, "rtol": self.rtol}
         self.closeness = 0.0
         try:
-            sample_list = seeded_samples(op, torch.float32, want_grad, samples)
+            sample_list = seeded_samples(op, dtype, want_grad, samples)
         except Exception as error:  # noqa: BLE001
             result["reason"] = _error("n/a: sample_inputs raised on CPU", error)
             return result
         if not sample_list:
-            result["reason"] = "n/a: no float32 sample inputs"
+            result["reason"] = f"n/a: no {dtype_name} sample inputs"
             return result
 
         # ---- forward --------------------------------------------------------------------
@@ -408,7 +413,7 @@ class _Worker:
         # ---- backward -------------------------------------------------------------------
         self.closeness = 0.0
         if not want_grad:
-            result["bwd_reason"] = "no float32 autograd support" if backward else "backward not run"
+            result["bwd_reason"] = f"no {dtype_name} autograd support" if backward else "backward not run"
             return result
         bwd_fail = None
         bwd_fallback = collections.Counter()
@@ -481,7 +486,7 @@ def worker_main(fd: int):
         start = time.monotonic()
         try:
             result = worker.run_op(key, request["samples"], request["backward"],
-                                   lambda p: send({"type": "progress", "op": key, **p}))
+                                   lambda p: send({"type": "progress", "op": key, **p}), request.get("dtype", "float32"))
         except Exception as error:  # noqa: BLE001  (a bug in the harness, not the op)
             result = {"fwd": "fail", "bwd": "n/a", "reason": _error("harness error", error)}
         result["seconds"] = round(time.monotonic() - start, 3)
@@ -597,7 +602,7 @@ def _crash_log(text):
 
 
 def run(ops=None, samples=3, backward=True, timeout=60.0, jobs=1, mode="fused", cache_dir=None,
-        verbose=False, max_ops_per_worker=0, log=None):
+        verbose=False, max_ops_per_worker=0, log=None, dtype="float32"):
     """Runs the coverage; returns {"meta": ..., "summary": ..., "ops": {key: record}}."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     start = time.monotonic()
@@ -673,7 +678,7 @@ def run(ops=None, samples=3, backward=True, timeout=60.0, jobs=1, mode="fused", 
                     w.progress = {}
                     w.started = time.monotonic()
                     w.deadline = w.started + timeout
-                    w.send({"op": w.op, "samples": samples, "backward": backward})
+                    w.send({"op": w.op, "samples": samples, "backward": backward, "dtype": dtype})
             busy = [w for w in workers if w.op]
             if not busy:
                 break
@@ -711,7 +716,9 @@ def run(ops=None, samples=3, backward=True, timeout=60.0, jobs=1, mode="fused", 
 
     elapsed = time.monotonic() - start
     ordered = {k: results[k] for k in todo if k in results}
-    return {"meta": _meta(samples, backward, timeout, jobs, mode, elapsed),
+    meta = _meta(samples, backward, timeout, jobs, mode, elapsed)
+    meta["dtype"] = dtype
+    return {"meta": meta,
             "summary": summarize(ordered), "ops": ordered}
 
 
@@ -838,6 +845,7 @@ def write_markdown(data: dict, path: str, top: int = 30):
     calls = dict(s["fallback_aten_ops_by_call_count"])
     for aten, n in s["fallback_aten_ops_by_opinfo_count"][:top]:
         lines.append(f"| `{aten}` | {n} | {calls.get(aten, 0)} |")
+    lines += by_dtype_section(path)
     lines += [
         "",
         "## Per op",
@@ -857,6 +865,59 @@ def write_markdown(data: dict, path: str, top: int = 30):
         out.write("\n".join(lines) + "\n")
 
 
+def dtype_json_path(md_path: str, dtype: str) -> str:
+    """Where the JSON of a `dtype` run lies: op_coverage.json for float32, op_coverage_<dtype>.json else."""
+    base = os.path.splitext(md_path)[0]
+    return base + (".json" if dtype == "float32" else f"_{dtype}.json")
+
+
+def by_dtype_section(md_path: str) -> list:
+    """The "By dtype" table: one column per dtype whose run's JSON sits beside the markdown."""
+    columns = []
+    for dtype in ("float32",) + OTHER_DTYPES:
+        try:
+            with open(dtype_json_path(md_path, dtype)) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        columns.append((dtype, data["summary"], data["meta"]))
+    if len(columns) < 2:
+        return []
+    rows = [("OpInfo ops with samples of the dtype (applicable)", lambda s: s["applicable"]),
+            ("forward passing", lambda s: f"{s['forward_passing']} ({s['forward_pass_pct_of_applicable']}%)"),
+            ("forward passing without fallback",
+             lambda s: f"{s['forward_passing_no_fallback']} ({s['forward_pass_no_fallback_pct_of_applicable']}%)"),
+            ("forward fail", lambda s: s["forward"]["fail"]),
+            ("backward applicable", lambda s: s["backward_applicable"]),
+            ("backward passing", lambda s: f"{s['backward_passing']} ({s['backward_pass_pct_of_applicable']}%)"),
+            ("crash / timeout", lambda s: f"{len(s['crashes'])} / {len(s['timeouts'])}")]
+    lines = ["", "## By dtype", "",
+             "The same run per dtype (`tools/op_coverage.py --dtype D`; each dtype's own OpInfo samples "
+             "and PyTorch's own tolerances for it, assert_close's dtype defaults otherwise). Per-op results of the "
+             "other dtypes are in their JSON files beside this one.", "",
+             "| | " + " | ".join(d for d, _, _ in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for label, cell in rows:
+        lines.append(f"| {label} | " + " | ".join(str(cell(s)) for _, s, _ in columns) + " |")
+    lines.append("| run (commit, samples/op, seconds) | " + " | ".join(
+        f"{m.get('git_commit')}, {m['samples_per_op']}, {m['runtime_s']:.0f}" for _, _, m in columns) + " |")
+    return lines
+
+
+def rewrite_dtype_section(md_path: str) -> None:
+    """Replaces the "By dtype" section of an existing markdown file (after a non-float32 run)."""
+    with open(md_path) as f:
+        text = f.read()
+    head, sep, rest = text.partition("\n## Per op\n")
+    if not sep:
+        return
+    start = head.find("\n\n## By dtype\n")
+    if start >= 0:
+        head = head[:start]
+    with open(md_path, "w") as f:
+        f.write(head.rstrip("\n") + "\n" + "\n".join(by_dtype_section(md_path)) + "\n" + sep + rest)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
@@ -866,7 +927,9 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--mode", default="fused", choices=("fused", "strict", "debug"))
     parser.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant); default all")
-    parser.add_argument("--json", default=os.path.join(ROOT, "docs", "op_coverage.json"))
+    parser.add_argument("--dtype", default="float32", choices=("float32",) + OTHER_DTYPES,
+                        help="sample dtype (default float32; others fill the markdown's By dtype table)")
+    parser.add_argument("--json", help="default: docs/op_coverage.json (float32) or docs/op_coverage_<dtype>.json")
     parser.add_argument("--md", default=os.path.join(ROOT, "docs", "op_coverage.md"))
     parser.add_argument("--no-md", action="store_true", help="write neither the markdown nor the JSON file")
     parser.add_argument("--max-ops-per-worker", type=int, default=0,
@@ -877,15 +940,19 @@ def main(argv=None):
         return worker_main(args.worker)
     data = run(ops=args.ops.split(",") if args.ops else None, samples=args.samples,
                backward=not args.no_backward, timeout=args.timeout, jobs=args.jobs, mode=args.mode,
-               verbose=args.verbose, max_ops_per_worker=args.max_ops_per_worker)
+               verbose=args.verbose, max_ops_per_worker=args.max_ops_per_worker, dtype=args.dtype)
     s = data["summary"]
     print(json.dumps({k: v for k, v in s.items() if not k.startswith("fallback_aten")}, indent=1))
     if not args.no_md:
-        with open(args.json, "w") as out:
+        json_path = args.json or dtype_json_path(args.md, args.dtype)
+        with open(json_path, "w") as out:
             json.dump(data, out, indent=1, sort_keys=False)
             out.write("\n")
-        write_markdown(data, args.md)
-        print(f"wrote {args.md} and {args.json}", file=sys.stderr)
+        if args.dtype == "float32":
+            write_markdown(data, args.md)
+        else:
+            rewrite_dtype_section(args.md)
+        print(f"wrote {args.md} and {json_path}", file=sys.stderr)
     return 0
 
 
