@@ -2,6 +2,8 @@
 // Python headers). Every jaxlib call lives behind it, in jaxlib_runtime.cpp.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -48,6 +50,12 @@ class Runtime {
   virtual void wait(const DeviceBuffer& buffer) = 0;
   virtual std::string serialize(Executable& exe) = 0;
   virtual ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options) = 0;
+  // The device's kind as the platform names it: "TPU v5 lite", "NVIDIA H200", "cpu".
+  virtual std::string device_kind(int device) = 0;
+  // The platform allocator's numbers for the device (bytes_in_use, bytes_limit, pool_bytes,
+  // peak_bytes_in_use, ...); empty where it keeps none (the CPU client allocates each buffer
+  // from the host heap).
+  virtual std::map<std::string, int64_t> memory_stats(int device) = 0;
 };
 
 // The process's runtime, installed once (init_runtime in jaxlib_runtime.h; a C++ test
