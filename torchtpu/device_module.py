@@ -31,11 +31,13 @@ def is_initialized() -> bool:
 
 
 def _lazy_init() -> None:
-    pass
+    """PyTorch calls this before it creates a tensor on the device: the runtime started at
+    import, so only a forked child (whose client lost its threads) has anything to say."""
+    _C.check_not_forked()
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    return _C.in_bad_fork()
 
 
 def device_count() -> int:

@@ -125,6 +125,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("init", [](const std::string& platform, int cpu_devices) { init_runtime(platform, cpu_devices); },
         py::arg("platform"), py::arg("cpu_devices") = 1);
   m.def("initialized", &runtime_initialized);
+  m.def("in_bad_fork", &runtime_forked);
+  m.def("check_not_forked", &check_not_forked);
   m.def("platform", [] { return runtime().platform(); });
   m.def("runtime_version", [] { return runtime().version(); });
   m.def("device_count", [] { return device_count(); });

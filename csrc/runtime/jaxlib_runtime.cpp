@@ -38,8 +38,10 @@ struct JaxBuffer final : DeviceBuffer {
   py::object array;
   JaxBuffer(py::object a, TensorType t, int d) : DeviceBuffer(std::move(t), d), array(std::move(a)) {}
   ~JaxBuffer() override {
-    if (!python_alive()) {
-      array.release();  // the interpreter is gone; leak rather than crash at exit
+    // Leak rather than crash when the interpreter is gone, or hang in a forked child whose
+    // client has lost its threads.
+    if (!python_alive() || runtime_forked()) {
+      array.release();
       return;
     }
     py::gil_scoped_acquire gil;
@@ -51,7 +53,7 @@ struct JaxExecutable final : Executable {
   py::object exe;
   explicit JaxExecutable(py::object e) : exe(std::move(e)) {}
   ~JaxExecutable() override {
-    if (!python_alive()) {
+    if (!python_alive() || runtime_forked()) {
       exe.release();
       return;
     }

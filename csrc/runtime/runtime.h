@@ -62,6 +62,15 @@ class Runtime {
 // installs its own) and never destroyed: its buffers may outlive static teardown.
 void install_runtime(Runtime* runtime);
 bool runtime_initialized();
+// The installed runtime's device count (0 before install); answers in a forked child too.
+int runtime_device_count();
+// Raises (see check_not_forked) in a child forked after the runtime was installed.
 Runtime& runtime();
+
+// A child forked after install_runtime holds the parent's client without the threads that
+// drive it: using it would hang, so the child is marked (pthread_atfork) and every use raises.
+bool runtime_forked();
+// Throws std::runtime_error with CUDA's wording in a forked child ("Cannot re-initialize").
+void check_not_forked();
 
 }  // namespace torchtpu
