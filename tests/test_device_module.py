@@ -44,6 +44,23 @@ def test_memory_numbers_follow_live_tensors(mode):
     assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
 
 
+def test_accelerator_memory_api_reads_the_same_numbers(mode):
+    torch.tpu.synchronize()
+    x = torch.ones(512, 128, device="tpu")
+    x.cpu()
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated() >= 512 * 128 * 4
+    assert torch.accelerator.memory_reserved() == torch.tpu.memory_reserved()
+    assert torch.accelerator.max_memory_allocated() == torch.tpu.max_memory_allocated()
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.current"] == torch.tpu.memory_stats()["allocated_bytes.all.current"]
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 < free <= total
+    del x
+    torch.accelerator.empty_cache()
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == torch.tpu.memory_allocated()
+
+
 def test_device_facts():
     free, total = torch.tpu.mem_get_info()
     assert 0 < free <= total
@@ -73,6 +90,42 @@ def test_streams_are_current_in_their_context():
     torch.tpu.set_stream(default)
     with torch.tpu.stream(None):
         assert torch.tpu.current_stream() == default
+
+
+def test_torch_stream_event_and_accelerator_agree_with_torch_tpu(mode):
+    plain = torch.Stream(device="tpu")  # PyTorch's own class, served by the device guard
+    assert plain.device == torch.device("tpu:0") and plain != torch.tpu.default_stream()
+    side = torch.tpu.Stream()
+    assert side.stream_id not in (0, plain.stream_id)
+    with torch.tpu.stream(side):
+        assert torch.accelerator.current_stream() == side
+        x = torch.arange(4.0, device="tpu") * 3
+    assert torch.accelerator.current_stream() == torch.tpu.default_stream()
+    with plain:  # torch.Stream's own context manager
+        assert torch.tpu.current_stream() == plain
+    start, end = torch.Event(device="tpu", enable_timing=True), torch.Event(device="tpu", enable_timing=True)
+    start.record()
+    y = (x @ x).sqrt()
+    end.record()
+    end.synchronize()
+    assert end.query() and start.elapsed_time(end) >= 0
+    assert torchtpu._C.pending_ops() == 0  # a timing event's record waited for the work before it
+    plain.synchronize()
+    assert plain.query()
+    assert y.item() == pytest.approx((126.0) ** 0.5)
+
+
+def test_current_stream_is_per_thread():
+    import threading
+
+    side = torch.tpu.Stream()
+    seen = []
+    with torch.tpu.stream(side):
+        worker = threading.Thread(target=lambda: seen.append(torch.accelerator.current_stream()))
+        worker.start()
+        worker.join()
+        assert torch.accelerator.current_stream() == side
+    assert seen == [torch.tpu.default_stream()]
 
 
 def test_work_on_side_streams_is_ordered_like_one_queue(mode):

@@ -15,9 +15,7 @@ __version__ = "0.1.0"
 __all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler",
            "export", "Exported", "to_jax", "from_jax", "jax_op", "register_jax_op"]
 
-_VALID_PLATFORMS = ("cpu", "cuda", "tpu")
-
-from torchtpu import _report, _versions  # noqa: E402  (both import nothing heavy)
+from torchtpu import _report, _settings, _versions  # noqa: E402  (they import nothing heavy)
 
 # Before anything loads _C: a torch or jax/jaxlib this build cannot use is an ImportError
 # that says how to fix it, never an undefined-symbol error.
@@ -26,61 +24,37 @@ _versions.check_versions()
 
 def _initialize():
     __import__("torchtpu.integrations", fromlist=["_"]).adapters_enabled()  # a bad setting fails before any change
+    settings = _settings.read()  # every other setting, checked before anything starts
     from torchtpu import _C
 
-    requested = os.environ.get("TORCHTPU_PLATFORM", "").strip().lower()
-    if requested and requested not in _VALID_PLATFORMS:
-        present = _present_platforms()
-        raise ValueError(
-            f"TORCHTPU_PLATFORM={requested!r} is not a platform; valid platforms are "
-            f"{', '.join(_VALID_PLATFORMS)} (present here: {', '.join(present) or 'none'})"
-        )
-    cpu_devices = int(os.environ.get("TORCHTPU_NUM_DEVICES", "1") or "1")
-    _C.init(requested, cpu_devices)
-    _C.set_fallback_policy(os.environ.get("TORCHTPU_FALLBACK", "warn").strip().lower() or "warn")
-    cache_dir = os.environ.get("TORCHTPU_CACHE_DIR")
-    if cache_dir is None:
-        cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "torchtpu")
-    _C.set_cache_dir(cache_dir)
-    _C.set_dump_dir(os.environ.get("TORCHTPU_DUMP_DIR", ""))
-    if os.environ.get("TORCHTPU_MAX_PENDING_OPS"):
-        _C.set_max_pending_ops(int(os.environ["TORCHTPU_MAX_PENDING_OPS"]))
-    _C.set_mode(os.environ.get("TORCHTPU_MODE", "fused").strip().lower() or "fused")
+    _C.init(settings.platform, settings.num_devices)
+    _C.set_fallback_policy(settings.fallback)
+    _C.set_cache_dir(settings.cache_dir)
+    _C.set_dump_dir(settings.dump_dir)
+    if settings.max_pending_ops is not None:
+        _C.set_max_pending_ops(settings.max_pending_ops)
+    _C.set_mode(settings.mode)
     from torchtpu import _patches
 
     _patches.install()  # a torch it cannot patch raises PatchError, leaving torch as it was
 
-    # Only now, with the runtime up and torch patched, does PyTorch learn the device name:
-    # a failed start leaves torch exactly as it was.
+    # Only now, with the runtime up and torch patched, does PyTorch learn the device name
+    # (unless torchtpu_autoload named it for a stand-in after a failed start).
     if torch._C._get_privateuse1_backend_name() != "tpu":
         torch.utils.rename_privateuse1_backend("tpu")
 
     from torchtpu import device_module
 
     if getattr(torch, "tpu", None) is not device_module:
+        if hasattr(torch, "tpu"):  # the stand-in of a failed start
+            delattr(torch, "tpu")
         torch._register_device_module("tpu", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
     )
-    __import__("torchtpu.integrations", fromlist=["_"]).install()  # torch fixes; library adapters on import
+    __import__("torchtpu.integrations", fromlist=["_"]).install()  # library adapters on import
     # torch.compile(backend="tpu") finds torchtpu.compiler through the torch_dynamo_backends
     # entry point (pyproject.toml): nothing to register here, and Dynamo stays unimported.
-
-
-def _present_platforms():
-    present = []
-    try:
-        from jax._src import xla_bridge
-
-        for name in _VALID_PLATFORMS:
-            try:
-                xla_bridge.get_backend(name)
-                present.append(name)
-            except Exception:
-                pass
-    except Exception:
-        pass
-    return present
 
 
 try:

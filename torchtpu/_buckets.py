@@ -54,6 +54,8 @@ from typing import Callable
 
 import torch
 
+from torchtpu import _settings
+
 aten = torch.ops.aten
 
 _REAL_ATTR = "_torchtpu_real_sizes"  # on padded tensors kept for a later graph
@@ -70,18 +72,7 @@ class NoBucket(Exception):
 
 def policy():
     """TORCHTPU_BUCKETS as None (off), "pow2" or a sorted list of sizes."""
-    spec = os.environ.get("TORCHTPU_BUCKETS", "pow2").strip().lower()
-    if spec in ("off", "0", "none", ""):
-        return None
-    if spec == "pow2":
-        return "pow2"
-    try:
-        sizes = sorted({int(s) for s in spec.split(",")})
-    except ValueError:
-        raise ValueError(f'TORCHTPU_BUCKETS={spec!r}: use "pow2", "off" or increasing sizes like "64,128,256"') from None
-    if not sizes or sizes[0] < 1:
-        raise ValueError(f"TORCHTPU_BUCKETS={spec!r}: sizes must be positive")
-    return sizes
+    return _settings.bucket_policy(os.environ.get("TORCHTPU_BUCKETS", "pow2"))
 
 
 def bucket_of(n: int, pol) -> int:

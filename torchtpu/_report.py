@@ -74,11 +74,9 @@ def _runtime_lines(problems: list[str]) -> list[str]:
 
     try:
         name = torchtpu.platform()
-        from jax._src import xla_bridge
-
-        devices = xla_bridge.get_backend(name).local_devices()
+        count = torch.tpu.device_count()
         lines = [f"platform  {name}  (choose with TORCHTPU_PLATFORM=cpu|cuda|tpu)",
-                 f"devices   {len(devices)}: " + ", ".join(f"tpu:{i} {d.device_kind}" for i, d in enumerate(devices))]
+                 f"devices   {count}: " + ", ".join(f"tpu:{i} {torch.tpu.get_device_name(i)}" for i in range(count))]
         value = (torch.ones(2, device="tpu") + 1).cpu().tolist()
         if value != [2.0, 2.0]:
             problems.append(f"ones(2) + 1 on tpu:0 gave {value}, expected [2.0, 2.0]: please report this")

@@ -21,12 +21,11 @@ Dynamo finds this backend by name through the `torch_dynamo_backends` entry poin
 """
 from __future__ import annotations
 
-import os
 import weakref
 
 import torch
 
-from torchtpu import _C, _buckets
+from torchtpu import _C, _buckets, _settings
 
 __all__ = ["tpu_backend"]
 
@@ -83,7 +82,7 @@ class _CompiledGraph:
         self.gm = gm
         self.name = name
         self.captures: dict[tuple, list] = {}
-        self.replay = os.environ.get("TORCHTPU_COMPILE_REPLAY", "1") != "0"
+        self.replay = _settings.compile_replay()
         self.uncapturable: set[tuple] = set()
         self.stats = {"captured": 0, "replayed": 0, "interpreted": 0}
 

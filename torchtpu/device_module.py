@@ -5,14 +5,9 @@ runs the work of one device in the order it was issued, so every stream of a dev
 queue; waiting between streams is always satisfied, and synchronizing waits for the device.
 Only the names below are public (tests/test_device_module.py lists them).
 """
-import itertools as _itertools
-import threading as _threading
-import time as _time
-
 import torch as _torch
 
 from torchtpu import _C
-from torchtpu import _device_facts
 
 __all__ = [
     "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_stream", "device",
@@ -36,11 +31,13 @@ def is_initialized() -> bool:
 
 
 def _lazy_init() -> None:
-    pass
+    """PyTorch calls this before it creates a tensor on the device: the runtime started at
+    import, so only a forked child (whose client lost its threads) has anything to say."""
+    _C.check_not_forked()
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    return _C.in_bad_fork()
 
 
 def device_count() -> int:
@@ -133,7 +130,7 @@ def set_rng_state_all(states) -> None:
 # ---- memory -----------------------------------------------------------------------------
 # "allocated" counts the bytes of live tpu buffers (torchtpu's own count). "reserved" is what
 # the platform's allocator holds (PJRT's pool on GPU/TPU); the CPU platform keeps no pool, so
-# there it equals allocated.
+# there it equals allocated. torch.accelerator's memory functions read the same numbers.
 
 def memory_allocated(device=None) -> int:
     """Bytes held by live tpu tensors on the device."""
@@ -146,16 +143,11 @@ def max_memory_allocated(device=None) -> int:
 
 def memory_reserved(device=None) -> int:
     """Bytes the device's allocator holds (at least memory_allocated)."""
-    index = _index(device)
-    stats = _device_facts.allocator_stats(index)
-    return max(stats.get("pool_bytes", stats.get("bytes_reserved", 0)), _C.memory_allocated(index))
+    return _C.memory_stats(_index(device))["reserved_bytes.all.current"]
 
 
 def max_memory_reserved(device=None) -> int:
-    index = _index(device)
-    stats = _device_facts.allocator_stats(index)
-    peak = stats.get("peak_pool_bytes", stats.get("peak_bytes_reserved", 0))
-    return max(peak, memory_reserved(index), _C.max_memory_allocated(index))
+    return _C.memory_stats(_index(device))["reserved_bytes.all.peak"]
 
 
 def reset_peak_memory_stats(device=None) -> None:
@@ -169,26 +161,12 @@ def reset_max_memory_allocated(device=None) -> None:
 
 def memory_stats(device=None) -> dict:
     """torch.cuda.memory_stats' main keys, plus the platform allocator's own numbers."""
-    index = _index(device)
-    stats = {
-        "allocated_bytes.all.current": memory_allocated(index),
-        "allocated_bytes.all.peak": max_memory_allocated(index),
-        "reserved_bytes.all.current": memory_reserved(index),
-        "reserved_bytes.all.peak": max_memory_reserved(index),
-    }
-    for key, value in _device_facts.allocator_stats(index).items():
-        stats[f"device.{key}"] = value
-    return stats
+    return _C.memory_stats(_index(device))
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes of device memory: the host's memory on the CPU platform."""
-    index = _index(device)
-    stats = _device_facts.allocator_stats(index)
-    if "bytes_limit" in stats:
-        total = int(stats["bytes_limit"])
-        return max(total - int(stats.get("bytes_in_use", 0)), 0), total
-    return _device_facts.host_memory()
+    return _C.mem_get_info(_index(device))
 
 
 def empty_cache() -> None:
@@ -221,7 +199,7 @@ def get_device_name(device=None) -> str:
     """The device's kind as XLA names it ("TPU v5 lite", "NVIDIA H200", "cpu")."""
     index = _index(device)
     _check_index(index)
-    return _device_facts.device_kind(index)
+    return _C.device_kind(index)
 
 
 def _check_index(index: int) -> None:
@@ -243,10 +221,8 @@ def _is_autocast_enabled() -> bool:
 
 
 # ---- streams and events -----------------------------------------------------------------
-
-_stream_ids = _itertools.count(1)  # 0 is the default stream, the one torch.accelerator reports
-_current = _threading.local()      # .streams: {device index: Stream}, per thread as on CUDA
-
+# The device guard (csrc/device/registration.cpp) implements them, so torch.Stream,
+# torch.Event and torch.accelerator see the same streams and current stream as torch.tpu.
 
 class Stream(_torch.Stream):
     """A tpu stream: a name for the device's one ordered queue of work.
@@ -260,30 +236,15 @@ class Stream(_torch.Stream):
             return super().__new__(cls, priority=priority, **kwargs)
         index = _index(device)
         _check_index(index)
-        return super().__new__(cls, stream_id=next(_stream_ids), device_index=index,
-                               device_type=_PRIVATEUSE1, priority=priority)
+        return super().__new__(cls, device=_torch.device("tpu", index), priority=priority)
 
     def __init__(self, device=None, priority: int = 0, **kwargs):
-        pass
-
-    def wait_event(self, event) -> None:
-        pass
-
-    def wait_stream(self, stream) -> None:
         pass
 
     def record_event(self, event=None):
         event = Event() if event is None else event
         event.record(self)
         return event
-
-    def query(self) -> bool:
-        # XLA offers no completion probe here: wait, then the answer is exact.
-        self.synchronize()
-        return True
-
-    def synchronize(self) -> None:
-        _C.sync(True)
 
     def __enter__(self):
         self._context = StreamContext(self)
@@ -310,21 +271,14 @@ def default_stream(device=None) -> Stream:
 
 
 def current_stream(device=None) -> Stream:
-    index = _index(device)
-    streams = getattr(_current, "streams", None)
-    if streams and index in streams:
-        return streams[index]
-    return default_stream(index)
+    return _as_tpu_stream(_torch.accelerator.current_stream(_index(device)))
 
 
 def set_stream(stream) -> None:
     """Makes `stream` current on its device (for this thread)."""
     if stream is None:
         return
-    stream = _as_tpu_stream(stream)
-    if not hasattr(_current, "streams"):
-        _current.streams = {}
-    _current.streams[stream.device_index] = stream
+    _torch.accelerator.set_stream(_as_tpu_stream(stream))
 
 
 class StreamContext:
@@ -358,56 +312,31 @@ def stream(stream) -> StreamContext:
 
 class Event(_torch.Event):
     """A point in a device's work. record() marks it (without flushing fused work);
-    synchronize() waits until the device finished everything issued before; elapsed_time()
-    needs enable_timing=True, whose record() waits for the device to time the point exactly."""
+    synchronize() and query() wait until the device finished everything issued before it;
+    elapsed_time() needs enable_timing=True, whose record() waits for the device, so it
+    measures the host time between two points the device had reached."""
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         if interprocess:
             raise ValueError("torchtpu: interprocess events are not supported on tpu")
-        return super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking)
+        return super().__new__(cls, device=_torch.device("tpu", _C.current_device()), enable_timing=enable_timing,
+                               blocking=blocking)
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
-        self._recorded = False
-        self._finished = False
-        self._time = None
-        self._device_index = _C.current_device()
 
     @property
     def device_index(self) -> int:
-        return self._device_index
-
-    def record(self, stream=None) -> "Event":
-        stream = current_stream() if stream is None else _as_tpu_stream(stream)
-        self._device_index = stream.device_index
-        self._recorded = True
-        self._finished = False
-        self._time = None
-        if self.enable_timing:
-            _C.sync(True)
-            self._time = _time.perf_counter()
-            self._finished = True
-        return self
-
-    def wait(self, stream=None) -> None:
-        pass  # work issued after this on any stream of the device already runs after it
-
-    def query(self) -> bool:
-        self.synchronize()
-        return True
-
-    def synchronize(self) -> None:
-        if self._recorded and not self._finished:
-            _C.sync(True)
-            self._finished = True
+        return self.device.index
 
     def elapsed_time(self, end_event) -> float:
-        """Milliseconds between this event and end_event."""
+        """Milliseconds between this event and end_event (RuntimeErrors as torch.cuda.Event's)."""
         if not (self.enable_timing and getattr(end_event, "enable_timing", False)):
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
-        if not (self._recorded and end_event._recorded):
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event._time - self._time) * 1000.0
+        try:
+            return _C.event_elapsed_time(self, end_event)
+        except ValueError as error:
+            raise RuntimeError(str(error)) from None
 
     def __repr__(self):
-        return f"<torch.tpu.Event device=tpu:{self._device_index} recorded={self._recorded}>"
+        return f"<torch.tpu.Event device=tpu:{self.device_index}>"

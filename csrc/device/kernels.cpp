@@ -36,6 +36,8 @@ int device_of_args(const std::vector<c10::IValue>& args) {
 void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   translate_errors([&] {
     std::string name = op_name(op);
+    size_t n = op.schema().arguments().size();
+    check_op_devices(op, name, std::vector<c10::IValue>(stack->end() - n, stack->end()));
     const LoweringRule* rule = find_lowering(name);
     if (record_data_dependent(name, op, rule, stack)) return;
     if (rule && !op.schema().is_mutable() && record_op(op, rule, stack)) return;
@@ -70,6 +72,8 @@ void register_kernels() {
   aten.impl("_to_copy", TORCH_FN(tpu_to_copy));
   aten.impl("_local_scalar_dense", TORCH_FN(tpu_local_scalar_dense));
   aten.impl("native_batch_norm", TORCH_FN(tpu_native_batch_norm));
+  aten.impl("lift_fresh", TORCH_FN(tpu_lift_fresh));
+  aten.impl("record_stream", TORCH_FN(tpu_record_stream));
   // Ops with a lowering get the boxed kernel directly: a direct registration wins over
   // PyTorch's composite kernels (which would call the out= variant through the fallback).
   static const std::unordered_set<std::string> boxed_overrides = {"_native_batch_norm_legit_functional",
@@ -87,6 +91,7 @@ void register_kernels() {
   }
   static torch::Library functionalize(torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
   functionalize.impl("_to_copy", TORCH_FN(to_copy_functionalize));
+  functionalize.impl("record_stream", TORCH_FN(record_stream_functionalize));
   static torch::Library meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     const std::string& base = name.name;
@@ -96,6 +101,14 @@ void register_kernels() {
     if (!handle->schema().returns().empty()) continue;
     std::string full = base.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
     meta.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_inplace_meta>());
+  }
+  static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto handle = c10::Dispatcher::singleton().findOp(name);
+    if (!handle || !needs_checked_autograd(*handle)) continue;
+    std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    autograd.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&checked_autograd_kernel>());
   }
   static torch::Library inplace_or_view(torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
   inplace_or_view.impl("copy_", TORCH_FN(copy_inplace_or_view));

@@ -44,6 +44,16 @@ std::string op_name(const c10::OperatorHandle& op);  // "aten::add.Tensor"
 // else the current device.
 int device_of_args(const std::vector<c10::IValue>& args);
 
+// ---- device_check.cpp -------------------------------------------------------------------
+// Raises PyTorch's RuntimeError when the op's tensor arguments are on devices CUDA would
+// not accept together (a tpu tensor with a CPU tensor that is not a 0-dim scalar, tpu:0
+// with tpu:1); CPU indices of advanced indexing and the copy family pass.
+void check_op_devices(const c10::OperatorHandle& op, const std::string& name, const std::vector<c10::IValue>& args);
+// The AutogradPrivateUse1 kernel of in-place and out= ops: checks devices before
+// functionalization sees a write across devices, then runs PyTorch's autograd kernel.
+void checked_autograd_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+bool needs_checked_autograd(const c10::OperatorHandle& op);  // mutable, two tensors or more
+
 // ---- record_op.cpp ----------------------------------------------------------------------
 // Records the op with its lowering; false when it cannot be lowered here (unsupported
 // dtype or argument, no meta kernel, data-dependent shape): the caller falls back.
@@ -98,6 +108,9 @@ at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::Scala
 at::Tensor& copy_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& self, const at::Tensor& src, bool non_blocking);
 void foreach_inplace_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+at::Tensor tpu_lift_fresh(const at::Tensor& self);
+void record_stream_functionalize(at::Tensor& self, c10::Stream stream);
+void tpu_record_stream(at::Tensor& self, c10::Stream stream);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_native_batch_norm(
     const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,

@@ -1,6 +1,7 @@
 // PyTorch kernels replaced for tpu, each because PyTorch's own cannot serve a tpu tensor:
-// functionalization's _to_copy, autograd's copy_ (ADInplaceOrView), meta kernels of
-// in-place foreach ops, native_batch_norm and the empty statistics of batch norm in eval mode.
+// functionalization's _to_copy and record_stream, autograd's copy_ (ADInplaceOrView), meta
+// kernels of in-place foreach ops, native_batch_norm, the empty statistics of batch norm in
+// eval mode, and lift_fresh.
 #include <ATen/ExpandUtils.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
@@ -60,6 +61,28 @@ at::Tensor& copy_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& self, const
   torch::autograd::impl::bump_version(self);
   return self;
 }
+
+// torch.tensor(data, device="tpu") builds the tensor with functionalization switched off and
+// then lifts it; PyTorch's default lift_fresh returns it as it is, which would leave the user
+// a raw tpu tensor that in-place ops with ordinary tpu tensors reject ("mutating a
+// non-functional tensor with a functional tensor", transformers' Trainer accumulating its loss).
+at::Tensor tpu_lift_fresh(const at::Tensor& self) {
+  if (at::functionalization::impl::isFunctionalTensor(self)) return self;
+  return wrap_for_user(self);
+}
+
+// record_stream is an in-place op with an alias annotation, which functionalization rejects.
+// A tpu buffer needs no stream bookkeeping (XLA frees it after the work that uses it), so it
+// is a no-op for tpu (DDP's side-stream copies call it); other functional tensors pass it on
+// to their own kernel.
+void record_stream_functionalize(at::Tensor& self, c10::Stream stream) {
+  if (is_tpu(self)) return;
+  at::Tensor inner = at::functionalization::impl::from_functional_tensor(self);
+  at::AutoDispatchSkipFunctionalize skip;
+  inner.record_stream(stream);
+}
+
+void tpu_record_stream(at::Tensor&, c10::Stream) {}
 
 // Meta kernel for in-place foreach ops (optimizer updates). Functionalization checks every
 // in-place op on Meta tensors first; without this, PyTorch's composite runs the per-tensor

@@ -1,11 +1,14 @@
-// PrivateUse1 plumbing: device guard, accelerator hooks, allocator and random generators.
+// PrivateUse1 plumbing: device guard, accelerator hooks and random generators (the allocator
+// is in memory.cpp).
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/ops/empty.h>
-#include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <mutex>
 
 #include "device/generator.h"
@@ -14,6 +17,24 @@
 
 namespace torchtpu {
 namespace {
+
+// Streams are logical: XLA runs a device's work in the order it was issued, so every stream
+// is a name for that one queue. Stream 0 is the default; new streams get 1, 2, ...; the
+// current stream is per thread and device, as on CUDA.
+constexpr int kMaxDevices = 64;
+std::atomic<c10::StreamId> g_next_stream_id{1};
+thread_local std::array<c10::StreamId, kMaxDevices> g_current_stream{};
+
+// An event marks a point in a device's work. Recording a plain event flushes nothing (FSDP-
+// style event traffic keeps one fused graph per step); recording a timing event waits for
+// the device, so elapsed_time is the host time between two points the device had reached.
+struct TpuEvent {
+  bool timing = false;
+  bool finished = false;
+  std::chrono::steady_clock::time_point reached;
+};
+
+void wait_for_device() { Engine::get().sync(true); }
 
 struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
@@ -33,38 +54,71 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
       }
     }
   }
-  c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
-  c10::Stream getDefaultStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
-  c10::Stream exchangeStream(c10::Stream s) const override { return s; }
   c10::DeviceIndex deviceCount() const noexcept override { return static_cast<c10::DeviceIndex>(device_count()); }
-  // Events: work on one device runs in order, so recording and blocking are no-ops.
-  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
-  void block(void*, const c10::Stream&) const override {}
-  bool queryEvent(void*) const override { return true; }
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
-  bool queryStream(const c10::Stream&) const override { return true; }
-  void synchronizeStream(const c10::Stream&) const override { Engine::get().sync(true); }
-  void synchronizeDevice(const c10::DeviceIndex) const override { Engine::get().sync(true); }
+
+  c10::Stream getStream(c10::Device d) const override {
+    c10::Device device = indexed(d);
+    return c10::Stream(c10::Stream::UNSAFE, device, g_current_stream[slot(device.index())]);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, indexed(d)); }
+  c10::Stream getNewStream(c10::Device d, int) const override {
+    return c10::Stream(c10::Stream::UNSAFE, indexed(d), g_next_stream_id++);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getNewStream(d, 0); }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    c10::Stream old = getStream(s.device());
+    g_current_stream[slot(s.device_index())] = s.id();
+    return old;
+  }
+  bool queryStream(const c10::Stream&) const override {
+    wait_for_device();  // no completion probe: wait, then the answer is exact
+    return true;
+  }
+  void synchronizeStream(const c10::Stream&) const override { wait_for_device(); }
+  void synchronizeDevice(const c10::DeviceIndex) const override { wait_for_device(); }
+
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag flag) const override {
+    if (!*event) *event = new TpuEvent();
+    auto* e = static_cast<TpuEvent*>(*event);
+    e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+    e->finished = false;
+    if (e->timing) {
+      wait_for_device();
+      e->reached = std::chrono::steady_clock::now();
+      e->finished = true;
+    }
+  }
+  void block(void*, const c10::Stream&) const override {}  // later work on any stream runs after it
+  bool queryEvent(void* event) const override {
+    synchronizeEvent(event);
+    return true;
+  }
+  void synchronizeEvent(void* event) const override {
+    auto* e = static_cast<TpuEvent*>(event);
+    if (!e || e->finished) return;
+    wait_for_device();
+    e->finished = true;
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    auto* a = static_cast<TpuEvent*>(start);
+    auto* b = static_cast<TpuEvent*>(end);
+    TORCH_CHECK(a && b && a->timing && b->timing, "Both events must be created with argument 'enable_timing=True'.");
+    return std::chrono::duration<double, std::milli>(b->reached - a->reached).count();
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override { delete static_cast<TpuEvent*>(event); }
+
+ private:
+  // "tpu" without an index means the current device.
+  static c10::Device indexed(c10::Device d) {
+    return d.has_index() ? d : c10::Device(kType, static_cast<c10::DeviceIndex>(current_device()));
+  }
+  static size_t slot(c10::DeviceIndex index) {
+    TORCH_CHECK(index >= 0 && index < kMaxDevices, "tpu error: invalid device ordinal ", static_cast<int>(index));
+    return static_cast<size_t>(index);
+  }
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
-
-// tpu storages hold no host memory; anything that asks for one gets a clear error.
-struct TpuAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t n) override {
-    c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(current_device()));
-    TORCH_CHECK(n == 0, "torchtpu: tpu tensors have no host-addressable storage; copy the tensor to cpu "
-                        "(tensor.cpu()) to work with its memory");
-    return c10::DataPtr(nullptr, device);
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  void copy_data(void*, const void*, std::size_t count) const override {
-    TORCH_CHECK(count == 0, "torchtpu: tpu storages cannot be copied byte-wise");
-  }
-};
-
-TpuAllocator g_allocator;
-REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
 
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }

@@ -315,7 +315,7 @@ ValuePtr zeros_value(const TensorType& type, int device) {
 
 int current_device() { return g_current_device; }
 
-int device_count() { return runtime_initialized() ? runtime().device_count() : 1; }
+int device_count() { return runtime_initialized() ? runtime_device_count() : 1; }
 
 void check_device_index(int64_t index) {
   int count = device_count();

@@ -51,7 +51,8 @@ FlushReason parse_flush_reason(const std::string& name) {
   throw std::invalid_argument("torchtpu: unknown flush reason '" + name + "'");
 }
 
-EngineLock::EngineLock() : mutex_(Engine::get().mutex()) {
+// A forked child raises before it waits on a lock some parent thread may have held at fork().
+EngineLock::EngineLock() : mutex_((check_not_forked(), Engine::get().mutex())) {
   if (mutex_.try_lock()) return;
   // Another thread holds the engine and may need the GIL to finish: wait without it.
   const auto& without_gil = Engine::get().hooks().without_gil;

@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 #include <frameobject.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Event.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -10,6 +11,7 @@
 #include "device/generator.h"
 #include "device/interop.h"
 #include "device/kernels.h"
+#include "device/memory.h"
 #include "device/profiler.h"
 #include "device/tensor.h"
 #include "engine/engine.h"
@@ -128,6 +130,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("init", [](const std::string& platform, int cpu_devices) { init_runtime(platform, cpu_devices); },
         py::arg("platform"), py::arg("cpu_devices") = 1);
   m.def("initialized", &runtime_initialized);
+  m.def("in_bad_fork", &runtime_forked);
+  m.def("check_not_forked", &check_not_forked);
   m.def("platform", [] { return runtime().platform(); });
   m.def("runtime_version", [] { return runtime().version(); });
   m.def("device_count", [] { return device_count(); });
@@ -168,6 +172,31 @@ PYBIND11_MODULE(_C, m) {
   m.def("memory_allocated", [](int d) { return device_bytes_in_use(d); });
   m.def("max_memory_allocated", [](int d) { return device_bytes_peak(d); });
   m.def("reset_peak_memory", [](int d) { reset_device_bytes_peak(d); });
+  // torch.cuda.memory_stats' main keys, plus the platform allocator's own numbers ("device.*").
+  m.def("memory_stats", [](int d) {
+    MemoryStats s = memory_stats(d);
+    py::dict out;
+    out["allocated_bytes.all.current"] = s.allocated;
+    out["allocated_bytes.all.peak"] = s.allocated_peak;
+    out["reserved_bytes.all.current"] = s.reserved;
+    out["reserved_bytes.all.peak"] = s.reserved_peak;
+    for (auto& [key, value] : s.platform) out[py::str("device." + key)] = value;
+    return out;
+  });
+  m.def("mem_get_info", [](int d) { return memory_info(d); });
+  // torch.Event.elapsed_time accepts only exact torch.Event objects; torch.tpu.Event (a
+  // subclass) times through the same c10::Event, with the device guard's clock.
+  m.def("event_elapsed_time", [](py::handle start, py::handle end) {
+    TORCH_CHECK_TYPE(THPEvent_Check(start.ptr()) && THPEvent_Check(end.ptr()), "expected torch.Event objects");
+    const c10::Event& a = reinterpret_cast<THPEvent*>(start.ptr())->event;
+    const c10::Event& b = reinterpret_cast<THPEvent*>(end.ptr())->event;
+    py::gil_scoped_release release;
+    return a.elapsedTime(b);
+  });
+  m.def("device_kind", [](int d) {
+    check_device_index(d);
+    return runtime().device_kind(d);
+  });
   m.def("manual_seed", [](int d, uint64_t seed) {
     at::Generator gen = default_generator(d);
     std::lock_guard<std::mutex> lock(gen.mutex());

@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -36,8 +38,10 @@ struct JaxBuffer final : DeviceBuffer {
   py::object array;
   JaxBuffer(py::object a, TensorType t, int d) : DeviceBuffer(std::move(t), d), array(std::move(a)) {}
   ~JaxBuffer() override {
-    if (!python_alive()) {
-      array.release();  // the interpreter is gone; leak rather than crash at exit
+    // Leak rather than crash when the interpreter is gone, or hang in a forked child whose
+    // client has lost its threads.
+    if (!python_alive() || runtime_forked()) {
+      array.release();
       return;
     }
     py::gil_scoped_acquire gil;
@@ -49,7 +53,7 @@ struct JaxExecutable final : Executable {
   py::object exe;
   explicit JaxExecutable(py::object e) : exe(std::move(e)) {}
   ~JaxExecutable() override {
-    if (!python_alive()) {
+    if (!python_alive() || runtime_forked()) {
       exe.release();
       return;
     }
@@ -247,7 +251,37 @@ class JaxlibRuntime final : public Runtime {
     }
   }
 
+  std::string device_kind(int device) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return py::str(local_device(device).attr("device_kind"));
+    } catch (py::error_already_set& e) {
+      rethrow("reading the device kind", e);
+    }
+  }
+
+  std::map<std::string, int64_t> memory_stats(int device) override {
+    py::gil_scoped_acquire gil;
+    try {
+      std::map<std::string, int64_t> out;
+      py::object stats = local_device(device).attr("memory_stats")();
+      if (stats.is_none()) return out;
+      for (auto item : py::cast<py::dict>(stats))
+        if (py::isinstance<py::int_>(item.second)) out[py::str(item.first)] = item.second.cast<int64_t>();
+      return out;
+    } catch (py::error_already_set& e) {
+      rethrow("reading the device's memory statistics", e);
+    }
+  }
+
  private:
+  py::object local_device(int device) {
+    if (device < 0 || device >= static_cast<int>(devices_.size()))
+      throw std::invalid_argument("torchtpu: bad device index " + std::to_string(device) + " of " +
+                                  std::to_string(devices_.size()));
+    return devices_[device];
+  }
+
   // Options that bind an executable to one device (the default assignment is device 0).
   py::object compile_options(const CompileOptions& compile) {
     py::object options = xla_client_.attr("CompileOptions")();

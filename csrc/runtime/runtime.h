@@ -2,6 +2,8 @@
 // Python headers). Every jaxlib call lives behind it, in jaxlib_runtime.cpp.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -48,12 +50,27 @@ class Runtime {
   virtual void wait(const DeviceBuffer& buffer) = 0;
   virtual std::string serialize(Executable& exe) = 0;
   virtual ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options) = 0;
+  // The device's kind as the platform names it: "TPU v5 lite", "NVIDIA H200", "cpu".
+  virtual std::string device_kind(int device) = 0;
+  // The platform allocator's numbers for the device (bytes_in_use, bytes_limit, pool_bytes,
+  // peak_bytes_in_use, ...); empty where it keeps none (the CPU client allocates each buffer
+  // from the host heap).
+  virtual std::map<std::string, int64_t> memory_stats(int device) = 0;
 };
 
 // The process's runtime, installed once (init_runtime in jaxlib_runtime.h; a C++ test
 // installs its own) and never destroyed: its buffers may outlive static teardown.
 void install_runtime(Runtime* runtime);
 bool runtime_initialized();
+// The installed runtime's device count (0 before install); answers in a forked child too.
+int runtime_device_count();
+// Raises (see check_not_forked) in a child forked after the runtime was installed.
 Runtime& runtime();
+
+// A child forked after install_runtime holds the parent's client without the threads that
+// drive it: using it would hang, so the child is marked (pthread_atfork) and every use raises.
+bool runtime_forked();
+// Throws std::runtime_error with CUDA's wording in a forked child ("Cannot re-initialize").
+void check_not_forked();
 
 }  // namespace torchtpu

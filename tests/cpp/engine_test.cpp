@@ -84,6 +84,8 @@ class FakeRuntime final : public Runtime {
   ExecutablePtr deserialize(const std::string&, const CompileOptions&) override {
     throw std::logic_error("fake runtime: no disk cache");
   }
+  std::string device_kind(int) override { return "fake"; }
+  std::map<std::string, int64_t> memory_stats(int) override { return {}; }
   int waits = 0;
 
  private:

@@ -269,8 +269,8 @@ def test_clamp_variants(mode):
     x = torch.tensor([NAN, -INF, INF, -1.0, 0.0, 2.0])
     check(lambda x: x.clamp(-0.5, 0.5), x)
     check(lambda x: x.clamp(0.5, -0.5), x)  # min > max -> max
-    check(lambda x: x.clamp(min=torch.tensor(0.1)), x)
-    check(lambda x: torch.clamp(x, torch.full((6,), -0.3), None), x)
+    check(lambda x: x.clamp(min=torch.tensor(0.1, device=x.device)), x)
+    check(lambda x: torch.clamp(x, torch.full((6,), -0.3, device=x.device), None), x)
     check(lambda x: x.clamp(-2, 3), torch.arange(-5, 5))
     check(lambda x: x.clamp(-2.5, 3.5), torch.arange(-5, 5))  # int tensor, float bounds -> float
     check(lambda x: x.clamp(1, 2), torch.arange(6, dtype=torch.uint8))

@@ -30,6 +30,12 @@ def group(*fns):
     return lambda t: tuple(o for fn in fns for o in flat(fn(t)))
 
 
+def on(x, t):
+    """t on x's device: index arguments of gather/scatter/index_select must be (as on CUDA);
+    advanced indexing (x[I]) takes CPU indices."""
+    return t.to(x.device)
+
+
 def put(x, key, value, accumulate=False):
     x = x.clone()
     if accumulate:
@@ -54,38 +60,42 @@ CASES = {
                            lambda x: put(x, (slice(None), I32), 0.0)), X3),
     "mask_put": (group(lambda x: put(x, M[:3], 3.0), lambda x: put(x, x.detach() > 0, x.detach().sum()),
                        lambda x: put(x, (slice(None), M), x[:, :3].detach() * 2),
-                       lambda x: x.index_put((M[:3],), torch.ones(5), accumulate=True)), X3),
-    "index_select": (group(lambda x: x.index_select(1, I % 5), lambda x: x.index_select(-2, I32.flatten() % 4),
-                           lambda x: x.index_select(0, torch.tensor(2)),
-                           lambda x: x.index_select(0, torch.tensor([], dtype=torch.long))), X),
-    "gather": (group(lambda x: x.gather(1, IDX), lambda x: x.gather(-2, IDX[:3, :2] % 4),
-                     lambda x: x.gather(0, 3 - IDX[:2] % 4), lambda x: x.gather(1, IDX[:, :0])), X),
-    "gather_int": (group(lambda x: x.gather(1, IDX), lambda x: x.sort(1)), XI),
-    "scatter": (group(lambda x: torch.zeros(4, 6).scatter(1, UNIQ, x[:, :2]), lambda x: x.scatter(1, UNIQ, -2.0),
-                      lambda x: x.scatter(0, UNIQ % 4, x[:, 2:4] * 3),
-                      lambda x: torch.zeros(4, 6).scatter_add(1, IDX, x[:, :3]),
-                      lambda x: x.scatter_add(-1, IDX, x[:, 1:4])), X),
+                       lambda x: x.index_put((M[:3],), on(x, torch.ones(5)), accumulate=True)), X3),
+    "index_select": (group(lambda x: x.index_select(1, on(x, I % 5)),
+                           lambda x: x.index_select(-2, on(x, I32.flatten() % 4)),
+                           lambda x: x.index_select(0, on(x, torch.tensor(2))),
+                           lambda x: x.index_select(0, on(x, torch.tensor([], dtype=torch.long)))), X),
+    "gather": (group(lambda x: x.gather(1, on(x, IDX)), lambda x: x.gather(-2, on(x, IDX[:3, :2] % 4)),
+                     lambda x: x.gather(0, on(x, 3 - IDX[:2] % 4)), lambda x: x.gather(1, on(x, IDX[:, :0]))), X),
+    "gather_int": (group(lambda x: x.gather(1, on(x, IDX)), lambda x: x.sort(1)), XI),
+    "scatter": (group(lambda x: on(x, torch.zeros(4, 6)).scatter(1, on(x, UNIQ), x[:, :2]),
+                      lambda x: x.scatter(1, on(x, UNIQ), -2.0),
+                      lambda x: x.scatter(0, on(x, UNIQ % 4), x[:, 2:4] * 3),
+                      lambda x: on(x, torch.zeros(4, 6)).scatter_add(1, on(x, IDX), x[:, :3]),
+                      lambda x: x.scatter_add(-1, on(x, IDX), x[:, 1:4])), X),
     "scatter_reduce": (group(*[
-        (lambda r, s: lambda x: x.scatter_reduce(1, IDX, x[:, :3] * 2, r, include_self=s))(r, s)
+        (lambda r, s: lambda x: x.scatter_reduce(1, on(x, IDX), x[:, :3] * 2, r, include_self=s))(r, s)
         for r in ("sum", "mean") for s in (True, False)]), X),
     # amax/amin/prod backward uses bitwise_and, which has no lowering yet: forward only.
     "scatter_reduce_minmax": (group(*[
-        (lambda r, s: lambda x: x.scatter_reduce(1, IDX, x[:, :3] * 2, r, include_self=s))(r, s)
+        (lambda r, s: lambda x: x.scatter_reduce(1, on(x, IDX), x[:, :3] * 2, r, include_self=s))(r, s)
         for r in ("amax", "amin", "prod") for s in (True, False)]), X.detach()),
-    "scatter_int": (group(lambda x: x.scatter(1, UNIQ, 7), lambda x: x.scatter_reduce(1, IDX, x * 3, "mean"),
-                          lambda x: x.scatter_reduce(1, IDX, x, "amax", include_self=False),
-                          lambda x: x.scatter(1, IDX, x, reduce="multiply"),
-                          lambda x: x.scatter(1, IDX, 2, reduce="add")), XI),
-    "index_add": (group(lambda x: torch.zeros(4, 6).index_add(1, I % 6, x[:, :3], alpha=2),
-                        lambda x: x.index_add(0, torch.tensor([1, 1, 3]), x[:3]),
-                        lambda x: x.index_add(-1, torch.tensor([4]), x[:, 4:] * 2)), X),
-    "masked": (group(lambda x: x.masked_fill(x > 0, 1.0), lambda x: x.masked_fill(M[:, None], torch.tensor(2.0)),
-                     lambda x: x.masked_fill(torch.tensor(True), -1.0),
-                     lambda x: x.masked_scatter(x > 0, x * 3), lambda x: x.masked_scatter(M[:, None], -x)), X),
+    "scatter_int": (group(lambda x: x.scatter(1, on(x, UNIQ), 7),
+                          lambda x: x.scatter_reduce(1, on(x, IDX), x * 3, "mean"),
+                          lambda x: x.scatter_reduce(1, on(x, IDX), x, "amax", include_self=False),
+                          lambda x: x.scatter(1, on(x, IDX), x, reduce="multiply"),
+                          lambda x: x.scatter(1, on(x, IDX), 2, reduce="add")), XI),
+    "index_add": (group(lambda x: on(x, torch.zeros(4, 6)).index_add(1, on(x, I % 6), x[:, :3], alpha=2),
+                        lambda x: x.index_add(0, on(x, torch.tensor([1, 1, 3])), x[:3]),
+                        lambda x: x.index_add(-1, on(x, torch.tensor([4])), x[:, 4:] * 2)), X),
+    "masked": (group(lambda x: x.masked_fill(x > 0, 1.0),
+                     lambda x: x.masked_fill(on(x, M[:, None]), torch.tensor(2.0)),
+                     lambda x: x.masked_fill(on(x, torch.tensor(True)), -1.0),
+                     lambda x: x.masked_scatter(x > 0, x * 3), lambda x: x.masked_scatter(on(x, M[:, None]), -x)), X),
     "masked_int": (group(lambda x: x.masked_fill(x > 0, 5), lambda x: x.masked_scatter(x < 0, x * 10)), XI),
-    "embedding": (group(lambda w: F.embedding(I32 % 4, w), lambda w: F.embedding(I32 % 4, w, padding_idx=1),
-                        lambda w: F.embedding(torch.tensor([1, 1, 2, 1]), w, scale_grad_by_freq=True),
-                        lambda w: F.embedding(torch.tensor(3), w)), X),
+    "embedding": (group(lambda w: F.embedding(on(w, I32 % 4), w), lambda w: F.embedding(on(w, I32 % 4), w, padding_idx=1),
+                        lambda w: F.embedding(on(w, torch.tensor([1, 1, 2, 1])), w, scale_grad_by_freq=True),
+                        lambda w: F.embedding(on(w, torch.tensor(3)), w)), X),
     "sort": (group(lambda x: x.sort(1), lambda x: x.sort(0, descending=True), lambda x: x.argsort(-1),
                    lambda x: torch.msort(x), lambda x: x.topk(2), lambda x: x.topk(3, dim=0, largest=False),
                    lambda x: x.topk(2, sorted=True)), X),
@@ -106,5 +116,5 @@ def test_indexing(mode, name):
 
 def test_index_zero_dim(mode):
     s = torch.tensor(1.5, requires_grad=True)
-    check(group(lambda s: s.index_select(0, torch.tensor([0])), lambda s: s.gather(0, torch.tensor(0)),
+    check(group(lambda s: s.index_select(0, on(s, torch.tensor([0]))), lambda s: s.gather(0, on(s, torch.tensor(0))),
                 lambda s: s.sort()), s, grad=True)

@@ -95,7 +95,7 @@ def test_views(mode, fns, x):
 
 
 OPS = {
-    "cat": (lambda x: torch.cat([x, x * 2, x[:, :0], torch.zeros(0)], dim=-1), X),
+    "cat": (lambda x: torch.cat([x, x * 2, x[:, :0], torch.zeros(0, device=x.device)], dim=-1), X),
     "cat_mixed": (lambda i: torch.cat([i, i.float()]), I),
     "stack": (lambda x: torch.stack([x, x * 2], dim=1), X),
     "stack_neg": (lambda x: torch.stack([x, x], dim=-1), X3),

@@ -3,8 +3,8 @@
 Each adapter applies when its library is imported (or at once, if it already was), so
 importing torch stays as cheap as before. An adapter that has to patch a library checks the
 library's version first and refuses an unchecked one with an error naming the versions it
-knows (TORCHTPU_INTEGRATIONS=off turns every library adapter off; the fixes of torch's own
-code paths in pytorch.py always apply).
+knows (TORCHTPU_INTEGRATIONS=off turns every library adapter off). Fixes of torch's own code
+paths live in the device layer (csrc/device) and torchtpu/_patches.py.
 """
 import importlib
 import importlib.abc
@@ -109,10 +109,7 @@ _finder = _AdapterFinder()
 
 
 def install() -> None:
-    """Applies torch's own fixes now and every library adapter when its library loads."""
-    from torchtpu.integrations import pytorch
-
-    pytorch.install()
+    """Applies every library adapter when its library loads."""
     if not adapters_enabled():
         return
     if _finder not in sys.meta_path:
