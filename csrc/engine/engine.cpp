@@ -80,7 +80,7 @@ void Engine::set_mode(Mode mode) {
 
 void Engine::set_cache_dir(const std::string& dir) {
   EngineLock lock;
-  cache_dir_ = dir;
+  disk_cache_.set_dir(dir);
 }
 
 void Engine::clear_memory_cache() {
@@ -377,19 +377,16 @@ ExecutablePtr Engine::compile_graph(Graph& g) {
   Runtime& rt = runtime();
   CompileOptions options;
   options.device = g.device;
-  std::string key;
-  if (!cache_dir_.empty()) {
-    // Executables are bound to their device: the device index is part of the key.
-    key = disk_cache_key(text, rt.version() + " device " + std::to_string(g.device));
-    if (ExecutablePtr exe = load_from_disk(key, g.device)) return exe;
-  }
+  // Executables are bound to their device: the options (device assignment) are in the key.
+  CacheKey key = make_cache_key(text, rt.version(), rt.platform(), options.describe());
+  if (ExecutablePtr exe = load_from_disk(key, g.device)) return exe;
   if (g.origin.empty() && hooks_.python_origin) g.origin = hooks_.python_origin();
   auto start = std::chrono::steady_clock::now();
   ExecutablePtr exe = rt.compile(text, options);
   metrics_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   metrics_.graphs_compiled++;
   note_recompilation(g, std::move(signature));
-  if (!key.empty()) disk_cache_store(cache_dir_, key, rt.serialize(*exe), hooks_.warn);
+  if (disk_cache_.active()) disk_cache_.store(key, rt.serialize(*exe), hooks_.warn);
   return exe;
 }
 
@@ -443,8 +440,8 @@ void Engine::dump_module(const Graph& g, const std::string& text) {
 }
 
 // The executable stored under `key`, or null (absent, damaged or unloadable: removed).
-ExecutablePtr Engine::load_from_disk(const std::string& key, int device) {
-  auto bytes = disk_cache_load(cache_dir_, key, hooks_.warn);
+ExecutablePtr Engine::load_from_disk(const CacheKey& key, int device) {
+  auto bytes = disk_cache_.load(key, hooks_.warn);
   if (!bytes) return nullptr;
   try {
     CompileOptions options;
@@ -455,7 +452,7 @@ ExecutablePtr Engine::load_from_disk(const std::string& key, int device) {
   } catch (const std::exception& e) {
     if (hooks_.warn)
       hooks_.warn(std::string("torchtpu: could not load a cached executable (") + e.what() + "); recompiling it");
-    disk_cache_remove(cache_dir_, key);
+    disk_cache_.remove(key);
     return nullptr;
   }
 }

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/disk_cache.h"
 #include "ir/graph.h"
 #include "runtime/runtime.h"
 
@@ -72,7 +73,7 @@ class Engine {
   Hooks& hooks() { return hooks_; }
 
   void set_cache_dir(const std::string& dir);  // "" disables the disk cache
-  const std::string& cache_dir() const { return cache_dir_; }
+  const std::string& cache_dir() const { return disk_cache_.dir(); }
   void set_dump_dir(const std::string& dir) { dump_dir_ = dir; }
   void set_max_pending_ops(int64_t n) { max_pending_ops_ = n; }
   void clear_memory_cache();
@@ -115,7 +116,7 @@ class Engine {
   ExecutablePtr compile_graph(Graph& graph);
   std::string lower_graph(const Graph& graph, std::vector<std::string>* signature);
   void dump_module(const Graph& graph, const std::string& text);
-  ExecutablePtr load_from_disk(const std::string& key, int device);
+  ExecutablePtr load_from_disk(const CacheKey& key, int device);
   void note_recompilation(const Graph& graph, std::vector<std::string> signature);
   DType scalar_float_dtype();
 
@@ -130,7 +131,7 @@ class Engine {
   std::unordered_map<uint64_t, ExecutablePtr> memory_cache_;
   std::map<std::string, std::vector<std::string>> last_signature_by_origin_;
   std::vector<std::weak_ptr<DeviceBuffer>> last_results_;  // weak: must not block donation
-  std::string cache_dir_;
+  DiskCache disk_cache_;
   std::string dump_dir_;
   Metrics metrics_;
   Hooks hooks_;

@@ -18,9 +18,11 @@ struct DeviceOutOfMemory : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// How a module is compiled: which device its executable runs on.
+// How a module is compiled: which device its executable runs on. Every field that changes
+// the executable belongs in describe(): the disk cache keys entries by it.
 struct CompileOptions {
   int device = 0;
+  std::string describe() const { return "device=" + std::to_string(device); }
 };
 
 class Runtime {
