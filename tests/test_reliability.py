@@ -135,3 +135,146 @@ def test_a_failed_cache_write_warns_once(tmp_path):
     messages = eval(messages)
     assert len(messages) == 1 and "File too large" in messages[0]  # names the OS error
     assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp." in p.name]
+
+
+# ---- checked indexing: CPU's error, at the next wait (at the op in debug mode) ------------
+
+F = torch.nn.functional
+
+
+def _src(n=5):
+    return torch.arange(float(n))
+
+
+# (name, fn(x, i) -> tensor): x is arange(5.) on the test's device, i a 1-element int64
+# index tensor. Every op here reads the index on tpu (no CPU fallback).
+INDEXING = {
+    "index": lambda x, i: x[i],
+    "index_second_dim": lambda x, i: x.reshape(1, 5)[:, i],
+    "index_two_tensors": lambda x, i: x.reshape(5, 1).expand(5, 3)[torch.zeros_like(i), i],
+    "index_put": lambda x, i: x.clone().index_put_((i,), torch.ones(1, device=x.device)),
+    "index_put_accumulate": lambda x, i: x.clone().index_put_((i,), torch.ones(1, device=x.device), accumulate=True),
+    "setitem": lambda x, i: _setitem(x.clone(), i),
+    "index_select": lambda x, i: x.index_select(0, i),
+    "gather": lambda x, i: x.gather(0, i),
+    "take_along_dim": lambda x, i: torch.take_along_dim(x, i),
+    "scatter": lambda x, i: x.clone().scatter_(0, i, torch.ones(1, device=x.device)),
+    "scatter_add": lambda x, i: x.clone().scatter_add_(0, i, torch.ones(1, device=x.device)),
+    "scatter_reduce": lambda x, i: x.clone().scatter_reduce_(0, i, torch.ones(1, device=x.device), "amax"),
+    "index_add": lambda x, i: x.clone().index_add_(0, i, torch.ones(1, device=x.device)),
+    "embedding": lambda x, i: F.embedding(i, x.reshape(5, 1)),
+    "one_hot": lambda x, i: F.one_hot(i, 5),
+    "nll_loss": lambda x, i: F.nll_loss(x.reshape(1, 5), i),
+    "cross_entropy": lambda x, i: F.cross_entropy(x.reshape(1, 5), i),
+    "cross_entropy_none": lambda x, i: F.cross_entropy(x.reshape(1, 5), i, reduction="none"),
+    "nll_loss2d": lambda x, i: F.nll_loss(x.reshape(1, 5, 1, 1), i.reshape(1, 1, 1)),
+}
+
+
+def _setitem(x, i):
+    x[i] = 7.0
+    return x
+
+
+def _cpu_outcome(fn, value):
+    try:
+        return fn(_src(), torch.tensor([value])), None
+    except Exception as error:  # the oracle: CPU's exception
+        return None, error
+
+
+@pytest.mark.parametrize("value", [10, -1, -6])
+@pytest.mark.parametrize("name", sorted(INDEXING))
+def test_indexing_out_of_range_raises_like_cpu(name, value, mode):
+    fn = INDEXING[name]
+    expected, cpu_error = _cpu_outcome(fn, value)
+    x, i = _src().to("tpu"), torch.tensor([value]).to("tpu")
+    before = dict(torchtpu.metrics.counters()["fallback_ops"])
+    if cpu_error is None:  # negative indices where PyTorch allows them
+        torch.testing.assert_close(fn(x, i).cpu(), expected)
+    else:
+        with pytest.raises(type(cpu_error)) as raised:
+            if mode == "debug":
+                fn(x, i)  # debug mode raises at the op itself
+            else:
+                fn(x, i).cpu()  # the others when the host next waits
+        message = str(raised.value)
+        assert message.startswith(str(cpu_error)), (message, str(cpu_error))
+        assert "test_reliability.py" in message  # the user's line
+    assert torchtpu.metrics.counters()["fallback_ops"] == before
+    # Nothing sticks: the next computation is right.
+    assert torch.equal((x * 2).cpu(), _src() * 2)
+
+
+@pytest.mark.modes("strict", "fused")
+def test_a_failed_check_surfaces_at_the_next_wait_with_the_op_and_line(mode):
+    x = torch.arange(5.).to("tpu")
+    picked = x[torch.tensor([7]).to("tpu")]  # nothing raised yet: the check runs on the device
+    line = picked  # noqa: F841
+    with pytest.raises(IndexError, match=r"index 7 is out of bounds .*aten::index\.Tensor.*test_reliability\.py:\d+"):
+        torchtpu.sync(wait=True)
+    torchtpu.sync(wait=True)  # raised once, then forgotten
+
+
+def test_in_range_indexing_is_unchanged(mode):
+    torch.manual_seed(0)
+    x = torch.randn(6, 4)
+    idx = torch.tensor([[5, 0, -1], [2, -6, 3]])
+    got = x.to("tpu")[idx.to("tpu")].cpu()
+    assert torch.equal(got, x[idx])
+    w = torch.randn(10, 3)
+    tokens = torch.tensor([[1, 9, 0], [4, 4, 2]])
+    assert torch.equal(F.embedding(tokens.to("tpu"), w.to("tpu")).cpu(), F.embedding(tokens, w))
+    logits, target = torch.randn(4, 10), torch.tensor([1, -100, 9, 0])
+    torch.testing.assert_close(F.cross_entropy(logits.to("tpu"), target.to("tpu")).cpu(), F.cross_entropy(logits, target))
+
+
+def test_masked_scatter_with_too_few_source_elements_raises_like_cpu(mode):
+    x = torch.arange(5.)
+    with pytest.raises(RuntimeError) as cpu:
+        x.clone().masked_scatter_(x > 0, torch.ones(2))
+    with pytest.raises(RuntimeError) as tpu:
+        xt = x.to("tpu")
+        xt.clone().masked_scatter_(xt > 0, torch.ones(2).to("tpu")).cpu()
+    assert str(tpu.value).startswith(str(cpu.value))
+
+
+# ---- integer division by zero --------------------------------------------------------------
+
+DIVISIONS = {
+    "remainder": lambda a, b: a % b,
+    "fmod": lambda a, b: torch.fmod(a, b),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "remainder_int32": lambda a, b: a.int() % b.int(),
+    "remainder_scalar_zero": lambda a, b: a % 0,
+    "fmod_scalar_zero": lambda a, b: torch.fmod(a, 0),
+    "div_floor_scalar_zero": lambda a, b: torch.div(a, 0, rounding_mode="floor"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIVISIONS))
+def test_integer_division_by_zero_raises_like_cpu(name, mode):
+    fn = DIVISIONS[name]
+    a, b = torch.tensor([5, -7, 6]), torch.tensor([2, 0, 3])
+    with pytest.raises(RuntimeError) as cpu:
+        fn(a, b)
+    with pytest.raises(RuntimeError) as tpu:
+        fn(a.to("tpu"), b.to("tpu")).cpu()
+    assert str(tpu.value).startswith(str(cpu.value)) and str(cpu.value) == "ZeroDivisionError"
+    # Nonzero divisors (negative ones included) still divide like CPU.
+    b = torch.tensor([2, -3, 4])
+    if "zero" not in name:
+        assert torch.equal(fn(a.to("tpu"), b.to("tpu")).cpu(), fn(a, b))
+    assert torch.equal((a.to("tpu") / 2).cpu(), a / 2)  # true division of ints never raises
+
+
+def test_compiled_graphs_check_indices_on_every_call():
+    fn = torch.compile(lambda x, i: x[i] * 2, backend="tpu", dynamic=False)
+    x = torch.arange(5.).to("tpu")
+    assert torch.equal(fn(x, torch.tensor([1, -1]).to("tpu")).cpu(), torch.tensor([2.0, 8.0]))
+    replays = _C.capture_stats()["replays"]
+    assert torch.equal(fn(x, torch.tensor([3, 0]).to("tpu")).cpu(), torch.tensor([6.0, 0.0]))
+    with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 5"):
+        fn(x, torch.tensor([2, 9]).to("tpu")).cpu()
+    assert _C.capture_stats()["replays"] == replays + 2  # the captured executable checked it

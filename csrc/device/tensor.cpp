@@ -234,6 +234,8 @@ at::Tensor download(const ValuePtr& value) {
   BufferPtr buffer = Engine::get().materialize(value);
   DLManagedTensor* managed = runtime().download(*buffer);
   at::Tensor host = at::fromDLPack(managed);
+  // The host waited for the graph: its runtime checks (and earlier ones) are computed.
+  Engine::get().raise_failed_checks(value->device);
   at::ScalarType want = to_scalar_type(value->type.dtype);
   if (host.scalar_type() != want) host = host.view(want);
   at::Tensor out = at::empty(value->type.shape, at::TensorOptions().dtype(want));

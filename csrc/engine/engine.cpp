@@ -58,6 +58,7 @@ struct Engine::Graph {
   std::vector<double> float_scalars;
   std::vector<int64_t> int_scalars;
   std::vector<std::vector<int>> lifted_slots;
+  std::vector<CheckQueue::Entry> check_entries;  // its runtime checks, once run
   uint64_t hash = 0;
   std::string origin;
   bool donate = true;  // false for captured graphs (their parameters belong to the caller)
@@ -151,6 +152,7 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
     value->output_index = static_cast<int>(i);
     results.push_back(std::move(value));
   }
+  learn_node(*node, results);
   if (mode == Mode::Fused) {
     if (pending_ops_ == 0 && hooks_.python_origin) pending_origin_ = hooks_.python_origin();
     for (const ValuePtr& v : results) pending_.push_back(v);
@@ -162,9 +164,39 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
   graph.roots = results;
   collect_nodes(&graph, graph.roots);
   run_graph(graph);
-  if (mode == Mode::Debug)
+  if (mode == Mode::Debug) {
     for (const ValuePtr& v : results) runtime().wait(*v->buffer);
+    checks_.raise_failed(runtime(), device, /*wait=*/true);  // at the op itself
+  }
   return results;
+}
+
+const Engine::NodeFacts& Engine::learn_node(Node& node, const std::vector<ValuePtr>& results) {
+  auto known = node_facts_.find(node.hash);
+  if (known != node_facts_.end()) {
+    if (known->second.checked && hooks_.python_origin) node.origin = hooks_.python_origin();
+    return known->second;
+  }
+  if (hooks_.python_origin) node.origin = hooks_.python_origin();
+  // Lowered alone, its operands as parameters: a rule that throws raises here, at the op.
+  Graph alone;
+  alone.device = node.device;
+  alone.nodes = {&node};
+  alone.node_index[&node] = 0;
+  for (const ValuePtr& v : node.operands) {
+    if (alone.param_index.count(v.get())) continue;
+    alone.param_index[v.get()] = static_cast<int>(alone.params.size());
+    alone.params.push_back(v);
+  }
+  alone.aliasing.assign(alone.params.size(), -1);
+  alone.roots = results;
+  lift_scalars(alone);
+  std::vector<std::string> signature;
+  std::vector<CheckSpec> checks;
+  lower_graph(alone, &signature, &checks);
+  NodeFacts facts;
+  facts.checked = !checks.empty();
+  return node_facts_.emplace(node.hash, facts).first->second;
 }
 
 BufferPtr Engine::materialize(const ValuePtr& value) {
@@ -182,7 +214,13 @@ void Engine::sync(bool wait) {
     for (const auto& weak : last_results_)
       if (BufferPtr b = weak.lock()) runtime().wait(*b);
     last_results_.clear();
+    checks_.raise_failed(runtime(), -1, /*wait=*/true);
   }
+}
+
+void Engine::raise_failed_checks(int device) {
+  EngineLock lock;
+  if (runtime_initialized()) checks_.raise_failed(runtime(), device, /*wait=*/false);
 }
 
 void Engine::flush_locked(int device) {
@@ -308,15 +346,15 @@ void Engine::hash_graph(Graph& g) {
   g.hash = h;
 }
 
-ExecutablePtr Engine::find_or_compile(Graph& g) {
+Engine::CompiledPtr Engine::find_or_compile(Graph& g) {
   auto cached = memory_cache_.find(g.hash);
   if (cached != memory_cache_.end()) {
     metrics_.cache_hits_memory++;
     return cached->second;
   }
-  ExecutablePtr exe = compile_graph(g);
-  memory_cache_[g.hash] = exe;
-  return exe;
+  CompiledPtr compiled = compile_graph(g);
+  memory_cache_[g.hash] = compiled;
+  return compiled;
 }
 
 DType Engine::scalar_float_dtype() { return runtime().has_float64() ? DType::Float64 : DType::Float32; }
@@ -334,11 +372,19 @@ BufferPtr Engine::upload_int_scalars(const std::vector<int64_t>& values, int dev
 }
 
 std::vector<BufferPtr> Engine::launch(Executable& exe, const std::vector<BufferPtr>& args,
-                                      const std::vector<TensorType>& result_types, int device) {
+                                      const std::vector<TensorType>& result_types, int device,
+                                      const std::vector<CheckQueue::Entry>& checks) {
   EngineLock lock;
-  std::vector<BufferPtr> results = runtime().execute(exe, args, result_types, device);
+  std::vector<TensorType> types = result_types;
+  if (!checks.empty()) types.push_back(TensorType{{static_cast<int64_t>(checks.size() * 2)}, DType::Int64});
+  std::vector<BufferPtr> results = runtime().execute(exe, args, types, device);
   metrics_.execute_count++;
   last_results_.assign(results.begin(), results.end());
+  if (!checks.empty()) {
+    BufferPtr flags = std::move(results.back());
+    results.pop_back();
+    checks_.add(runtime(), std::move(flags), device, checks);
+  }
   return results;
 }
 
@@ -346,7 +392,11 @@ void Engine::run_graph(Graph& g) {
   plan_donation(g);
   lift_scalars(g);
   hash_graph(g);
-  ExecutablePtr exe = find_or_compile(g);
+  CompiledPtr compiled = find_or_compile(g);
+  for (const CheckSpec& spec : compiled->checks) {
+    const Node* node = g.nodes[spec.node];
+    g.check_entries.push_back(CheckQueue::Entry{spec.check, node->op.name(), node->origin});
+  }
   std::vector<BufferPtr> args;
   args.reserve(g.params.size() + 2);
   for (const ValuePtr& p : g.params) args.push_back(p->buffer);
@@ -355,7 +405,7 @@ void Engine::run_graph(Graph& g) {
   std::vector<TensorType> result_types;
   result_types.reserve(g.roots.size());
   for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
-  std::vector<BufferPtr> results = launch(*exe, args, result_types, g.device);
+  std::vector<BufferPtr> results = launch(*compiled->executable, args, result_types, g.device, g.check_entries);
   for (size_t p = 0; p < g.params.size(); ++p) {
     if (g.aliasing[p] >= 0) {
       metrics_.donated_buffers++;
@@ -370,16 +420,17 @@ void Engine::run_graph(Graph& g) {
 
 // ---- compiling a graph: lower to a module, dump, disk cache, compile, bookkeeping --------
 
-ExecutablePtr Engine::compile_graph(Graph& g) {
+Engine::CompiledPtr Engine::compile_graph(Graph& g) {
   std::vector<std::string> signature;
-  std::string text = lower_graph(g, &signature);
+  auto compiled = std::make_shared<Compiled>();
+  std::string text = lower_graph(g, &signature, &compiled->checks);
   dump_module(g, text);
   Runtime& rt = runtime();
   CompileOptions options;
   options.device = g.device;
   // Executables are bound to their device: the options (device assignment) are in the key.
   CacheKey key = make_cache_key(text, rt.version(), rt.platform(), options.describe());
-  if (ExecutablePtr exe = load_from_disk(key, g.device)) return exe;
+  if ((compiled->executable = load_from_disk(key, g.device))) return compiled;
   if (g.origin.empty() && hooks_.python_origin) g.origin = hooks_.python_origin();
   auto start = std::chrono::steady_clock::now();
   ExecutablePtr exe = rt.compile(text, options);
@@ -387,12 +438,14 @@ ExecutablePtr Engine::compile_graph(Graph& g) {
   metrics_.graphs_compiled++;
   note_recompilation(g, std::move(signature));
   if (disk_cache_.active()) disk_cache_.store(key, rt.serialize(*exe), hooks_.warn);
-  return exe;
+  compiled->executable = std::move(exe);
+  return compiled;
 }
 
 // The module's text; `signature` gets one line per node (op and operand types) for the
-// recompilation log.
-std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signature) {
+// recompilation log, `checks` the graph's runtime checks (their flags are its last result).
+// An operand that is a parameter is read as one even if it is pending (a node lowered alone).
+std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signature, std::vector<CheckSpec>* checks) {
   ModuleBuilder module;
   LoweringContext ctx;
   std::vector<V> param_values;
@@ -416,8 +469,9 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
     std::vector<V> operands;
     std::string sig = node->op.name() + "(";
     for (const ValuePtr& v : node->operands) {
-      if (v->pending()) operands.push_back(node_results[g.node_index.at(v->node.get())][v->output_index]);
-      else operands.push_back(param_values[g.param_index.at(v.get())]);
+      auto param = g.param_index.find(v.get());
+      if (param != g.param_index.end()) operands.push_back(param_values[param->second]);
+      else operands.push_back(node_results[g.node_index.at(v->node.get())][v->output_index]);
       sig += v->type.str() + " ";
     }
     signature->push_back(sig + ")");
@@ -427,6 +481,14 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
   }
   std::vector<V> results;
   for (const ValuePtr& root : g.roots) results.push_back(node_results[g.node_index.at(root->node.get())][root->output_index]);
+  if (!ctx.checks().empty()) {
+    std::vector<V> flags;
+    for (const auto& c : ctx.checks()) {
+      flags.push_back(c.flag);
+      checks->push_back(CheckSpec{g.node_index.at(c.node), c.check});
+    }
+    results.push_back(ctx.concatenate(flags, 0));
+  }
   return module.text(ctx.body(), results);
 }
 
@@ -511,7 +573,8 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
       random_nodes.emplace_back(n, graph.nodes[n]->args.size() - 2);
   }
   run_graph(graph);
-  run.executable = memory_cache_.at(graph.hash);
+  run.executable = memory_cache_.at(graph.hash)->executable;
+  run.checks = graph.check_entries;
   run.params = graph.params;
   run.float_scalars = graph.float_scalars;
   run.int_scalars = graph.int_scalars;

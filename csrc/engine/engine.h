@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/checks.h"
 #include "engine/disk_cache.h"
 #include "ir/graph.h"
 #include "runtime/runtime.h"
@@ -63,8 +64,12 @@ class Engine {
   ValuePtr from_buffer(BufferPtr buffer);
   // The buffer of a value, running pending work first (an observation point).
   BufferPtr materialize(const ValuePtr& value);
-  // Runs all pending work; with wait, also waits until the device has finished it.
+  // Runs all pending work; with wait, also waits until the device has finished it (and
+  // raises the first failed runtime check).
   void sync(bool wait);
+  // Raises the first failed runtime check of finished graphs on `device` (a host wait, such
+  // as a download, just ended).
+  void raise_failed_checks(int device);
   int64_t pending_ops() const { return pending_ops_; }
 
   Metrics& metrics() { return metrics_; }
@@ -81,6 +86,13 @@ class Engine {
   std::recursive_mutex& mutex() { return mutex_; }
 
   struct Graph;  // defined in engine.cpp
+  // A compiled graph: its executable and the runtime checks it computes (their flags are
+  // its last result).
+  struct Compiled {
+    ExecutablePtr executable;
+    std::vector<CheckSpec> checks;
+  };
+  using CompiledPtr = std::shared_ptr<const Compiled>;
 
   // ---- torch.compile capture support (used by device/capture.cpp) -------------------
   struct CaptureRun {
@@ -90,6 +102,7 @@ class Engine {
     std::vector<double> float_scalars;      // lifted scalars, as passed this time
     std::vector<int64_t> int_scalars;
     std::vector<int> random_seed_slots;     // per random node: int-scalar slot of its seed (offset follows)
+    std::vector<CheckQueue::Entry> checks;  // its runtime checks (pass them to launch)
   };
   // Compiles (or finds in the caches) and runs the pending graph that computes `roots`
   // (and any other live pending value) on `device`, donating no parameter. The executable's
@@ -100,9 +113,11 @@ class Engine {
   BufferPtr upload_float_scalars(const std::vector<double>& values, int device);
   BufferPtr upload_int_scalars(const std::vector<int64_t>& values, int device);
   // Launches an executable on `args` (parameters, then the scalar packs it takes) and
-  // counts it; sync(wait=true) waits for its results.
+  // counts it; sync(wait=true) waits for its results. An executable with runtime checks
+  // returns their flags last: `checks` says what they mean, and they are queued, not returned.
   std::vector<BufferPtr> launch(Executable& exe, const std::vector<BufferPtr>& args,
-                                const std::vector<TensorType>& result_types, int device);
+                                const std::vector<TensorType>& result_types, int device,
+                                const std::vector<CheckQueue::Entry>& checks = {});
   // ---- end of capture support ---------------------------------------------------------
 
  private:
@@ -110,11 +125,11 @@ class Engine {
   void plan_donation(Graph& graph);
   void lift_scalars(Graph& graph);
   void hash_graph(Graph& graph);
-  ExecutablePtr find_or_compile(Graph& graph);
+  CompiledPtr find_or_compile(Graph& graph);
   void run_graph(Graph& graph);
   // The steps of compiling one (find_or_compile on a memory-cache miss).
-  ExecutablePtr compile_graph(Graph& graph);
-  std::string lower_graph(const Graph& graph, std::vector<std::string>* signature);
+  CompiledPtr compile_graph(Graph& graph);
+  std::string lower_graph(const Graph& graph, std::vector<std::string>* signature, std::vector<CheckSpec>* checks);
   void dump_module(const Graph& graph, const std::string& text);
   ExecutablePtr load_from_disk(const CacheKey& key, int device);
   void note_recompilation(const Graph& graph, std::vector<std::string> signature);
@@ -122,13 +137,23 @@ class Engine {
 
   void flush_locked(int device);
 
+  // What recording learns about each node signature (Node::hash) the first time it meets it,
+  // by lowering the node alone: whether it has runtime checks (its origin is then kept).
+  // A node that cannot be lowered raises at once, at the user's line, and never joins a graph.
+  struct NodeFacts {
+    bool checked = false;
+  };
+  const NodeFacts& learn_node(Node& node, const std::vector<ValuePtr>& results);
+  std::unordered_map<uint64_t, NodeFacts> node_facts_;
+  CheckQueue checks_;
+
   std::atomic<Mode> mode_{Mode::Fused};
   std::recursive_mutex mutex_;
   std::vector<std::weak_ptr<Value>> pending_;
   int64_t pending_ops_ = 0;
   std::string pending_origin_;
   int64_t max_pending_ops_ = 10000;
-  std::unordered_map<uint64_t, ExecutablePtr> memory_cache_;
+  std::unordered_map<uint64_t, CompiledPtr> memory_cache_;
   std::map<std::string, std::vector<std::string>> last_signature_by_origin_;
   std::vector<std::weak_ptr<DeviceBuffer>> last_results_;  // weak: must not block donation
   DiskCache disk_cache_;

@@ -50,6 +50,10 @@ struct Node {
   std::vector<TensorType> outputs;
   uint64_t hash = 0;   // op, static args, operand and output types; not operand identity
   int device = 0;
+  // The user's Python line that issued the op, kept where an error may surface after
+  // recording: ops with runtime checks, and the first op of each signature (the only
+  // ones a compile can newly fail on).
+  std::string origin;
   ~Node();  // releases its operands' node_uses
 };
 using NodePtr = std::shared_ptr<Node>;

@@ -126,7 +126,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_mode", [](const std::string& mode) { Engine::get().set_mode(parse_mode(mode)); },
         py::call_guard<py::gil_scoped_release>());
   m.def("get_mode", [] { return std::string(mode_name(Engine::get().mode())); });
-  m.def("sync", [](bool wait) { Engine::get().sync(wait); }, py::arg("wait") = false,
+  m.def("sync", [](bool wait) { translate_errors([&] { Engine::get().sync(wait); }); }, py::arg("wait") = false,
         py::call_guard<py::gil_scoped_release>());
   m.def("pending_ops", [] { return Engine::get().pending_ops(); });
   m.def("counters", &counters);

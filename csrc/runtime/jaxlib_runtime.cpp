@@ -217,6 +217,23 @@ class JaxlibRuntime final : public Runtime {
     }
   }
 
+  bool is_ready(const DeviceBuffer& buffer) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return static_cast<const JaxBuffer&>(buffer).array.attr("is_ready")().cast<bool>();
+    } catch (py::error_already_set& e) {
+      rethrow("running a graph", e);
+    }
+  }
+
+  void download_bytes(const DeviceBuffer& buffer, void* out) override {
+    DLManagedTensor* managed = download(buffer);
+    py::gil_scoped_acquire gil;  // the deleter may release Python objects
+    const DLTensor& t = managed->dl_tensor;
+    std::memcpy(out, static_cast<const char*>(t.data) + t.byte_offset, static_cast<size_t>(buffer.type.nbytes()));
+    if (managed->deleter) managed->deleter(managed);
+  }
+
   std::string serialize(Executable& exe) override {
     py::gil_scoped_acquire gil;
     try {

@@ -48,6 +48,10 @@ class Runtime {
   // and must copy the data before releasing it.
   virtual DLManagedTensor* download(const DeviceBuffer& buffer) = 0;
   virtual void wait(const DeviceBuffer& buffer) = 0;
+  // Whether the buffer's contents are computed (never waits).
+  virtual bool is_ready(const DeviceBuffer& buffer) = 0;
+  // Copies the buffer's contents (row-major, type.nbytes() bytes) to `out`, waiting for them.
+  virtual void download_bytes(const DeviceBuffer& buffer, void* out) = 0;
   virtual std::string serialize(Executable& exe) = 0;
   virtual ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options) = 0;
 };
