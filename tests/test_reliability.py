@@ -278,3 +278,84 @@ def test_compiled_graphs_check_indices_on_every_call():
     with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 5"):
         fn(x, torch.tensor([2, 9]).to("tpu")).cpu()
     assert _C.capture_stats()["replays"] == replays + 2  # the captured executable checked it
+
+
+# ---- argument checks CPU makes (at the op, in every mode) --------------------------------
+# (Ops whose meta kernel already rejects the arguments - addmv's self dtype, var_mean of
+# integers - run on CPU, which raises its own error; these are the ones tpu checks itself.)
+
+ARGUMENT_ERRORS = {
+    "linear_int64_by_float": lambda d: F.linear(torch.ones(2, 3, dtype=torch.int64, device=d), torch.ones(4, 3, device=d)),
+    "mm": lambda d: torch.mm(torch.ones(2, 3, dtype=torch.int64, device=d), torch.ones(3, 4, device=d)),
+    "mm_bfloat16": lambda d: torch.mm(torch.ones(2, 3, dtype=torch.bfloat16, device=d), torch.ones(3, 4, device=d)),
+    "matmul_batched": lambda d: torch.matmul(torch.ones(2, 2, 3, dtype=torch.int64, device=d), torch.ones(3, 4, device=d)),
+    "addmm_mat1": lambda d: torch.addmm(torch.ones(2, 4, device=d), torch.ones(2, 3, dtype=torch.int64, device=d),
+                                        torch.ones(3, 4, device=d)),
+    "linear_float64_bias": lambda d: F.linear(torch.ones(2, 3, device=d), torch.ones(4, 3, device=d),
+                                              torch.ones(4, dtype=torch.float64, device=d)),
+    "mv": lambda d: torch.mv(torch.ones(2, 3, dtype=torch.int64, device=d), torch.ones(3, device=d)),
+    "mv_vector": lambda d: torch.mv(torch.ones(2, 3, device=d), torch.ones(3, dtype=torch.int64, device=d)),
+    "addbmm": lambda d: torch.addbmm(torch.ones(2, 4, device=d), torch.ones(1, 2, 3, dtype=torch.int64, device=d),
+                                     torch.ones(1, 3, 4, device=d)),
+    "conv2d_weight": lambda d: F.conv2d(torch.ones(1, 1, 3, 3, dtype=torch.int64, device=d), torch.ones(1, 1, 2, 2, device=d)),
+    "conv2d_bias": lambda d: F.conv2d(torch.ones(1, 1, 3, 3, device=d), torch.ones(1, 1, 2, 2, device=d),
+                                      torch.ones(1, dtype=torch.float64, device=d)),
+    "std_int": lambda d: torch.ones(4, dtype=torch.int32, device=d).std(),
+    "var_int": lambda d: torch.ones(4, dtype=torch.int64, device=d).var(),
+    "randint_empty_range": lambda d: torch.randint(5, 2, (3,), device=d),
+    "randint_to_zero": lambda d: torch.randint(0, (3,), device=d),
+    "random_from_to": lambda d: torch.empty(3, device=d).random_(5, 2),
+    "random_to_int8_bounds": lambda d: torch.randint(0, 300, (3,), dtype=torch.int8, device=d),
+    "random_from_uint8_bounds": lambda d: torch.empty(3, dtype=torch.uint8, device=d).random_(-1, 5),
+    "random_bool_bounds": lambda d: torch.empty(3, dtype=torch.bool, device=d).random_(0, 3),
+    "random_half_bounds": lambda d: torch.empty(3, dtype=torch.half, device=d).random_(0, 70000),
+    "uniform_reversed": lambda d: torch.empty(3, device=d).uniform_(5, 2),
+    "uniform_infinite": lambda d: torch.empty(3, device=d).uniform_(0, float("inf")),
+    "bernoulli_p": lambda d: torch.empty(3, device=d).bernoulli_(1.5),
+    "bernoulli_negative_p": lambda d: torch.empty(3, device=d).bernoulli_(-0.1),
+}
+
+# Data-dependent: raised at the next wait (at the op in debug mode).
+DATA_ERRORS = {
+    "normal_tensor_std": lambda d: torch.normal(torch.zeros(2, device=d), -torch.ones(2, device=d)),
+    "bernoulli_tensor_p": lambda d: torch.bernoulli(torch.tensor([0.5, 1.5], device=d)),
+}
+
+
+def _raised(fn, device):
+    try:
+        result = fn(device)
+        if isinstance(result, tuple):
+            result = result[0]
+        result.cpu()
+    except Exception as error:
+        return error
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(ARGUMENT_ERRORS) + sorted(DATA_ERRORS))
+def test_argument_errors_match_cpu(name, mode):
+    fn = ARGUMENT_ERRORS.get(name) or DATA_ERRORS[name]
+    cpu = _raised(fn, "cpu")
+    assert cpu is not None, "the oracle must raise"
+    before = dict(torchtpu.metrics.counters()["fallback_ops"])
+    if name in ARGUMENT_ERRORS or mode == "debug":
+        with pytest.raises(type(cpu)) as tpu:
+            fn("tpu")  # at the op itself
+    else:
+        tpu_error = _raised(fn, "tpu")
+        assert type(tpu_error) is type(cpu)
+        tpu = pytest.ExceptionInfo.from_exc_info((type(tpu_error), tpu_error, tpu_error.__traceback__))
+    assert str(tpu.value).startswith(str(cpu)), (str(tpu.value), str(cpu))
+    assert torchtpu.metrics.counters()["fallback_ops"] == before  # tpu's own check, not CPU's
+    assert torch.equal(torch.mm(torch.ones(2, 3).to("tpu"), torch.ones(3, 1).to("tpu")).cpu(), torch.full((2, 1), 3.0))
+
+
+def test_valid_random_ranges_still_sample_in_range(mode):
+    torch.manual_seed(0)
+    ints = torch.randint(-3, 4, (200,), device="tpu").cpu()
+    assert ints.min() >= -3 and ints.max() <= 3 and len(ints.unique()) == 7
+    small = torch.randint(0, 128, (100,), dtype=torch.int8, device="tpu").cpu()
+    assert small.min() >= 0 and small.max() <= 127
+    u = torch.empty(100, device="tpu").uniform_(2, 2).cpu()  # an empty range is allowed: all 2
+    assert torch.equal(u, torch.full((100,), 2.0))

@@ -2,6 +2,7 @@
 #include "lowering/common.h"
 
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 
 namespace torchtpu {
@@ -189,6 +190,52 @@ void check_integer_divisor(LoweringContext& ctx, const Node& node, int arg, cons
   if (a.kind != Arg::Kind::Tensor && !a.lifted && a.as_double() == 0.0) throw std::runtime_error("ZeroDivisionError");
   ctx.check(ctx.compare("EQ", b, ctx.constant_int(0, b.type.dtype, b.type.shape)), V{},
             RuntimeCheck{RuntimeCheck::Error::Runtime, "ZeroDivisionError"});
+}
+
+}  // namespace torchtpu
+
+namespace torchtpu {
+
+const char* cpp_type_name(DType dtype) {
+  switch (dtype) {
+    case DType::UInt8: return "unsigned char";
+    case DType::Int8: return "signed char";
+    case DType::Int16: return "short int";
+    case DType::Int32: return "int";
+    case DType::Int64: return "long int";
+    case DType::Float16: return "c10::Half";
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+    case DType::Bool: return "bool";
+    case DType::BFloat16: return "c10::BFloat16";
+  }
+  return "?";
+}
+
+const char* scalar_type_name(DType dtype) {
+  switch (dtype) {
+    case DType::UInt8: return "Byte";
+    case DType::Int8: return "Char";
+    case DType::Int16: return "Short";
+    case DType::Int32: return "Int";
+    case DType::Int64: return "Long";
+    case DType::Float16: return "Half";
+    case DType::Float32: return "Float";
+    case DType::Float64: return "Double";
+    case DType::Bool: return "Bool";
+    case DType::BFloat16: return "BFloat16";
+  }
+  return "?";
+}
+
+std::string format_number(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+void check_argument(bool condition, const std::string& message) {
+  if (!condition) throw std::runtime_error(message);
 }
 
 }  // namespace torchtpu

@@ -75,3 +75,17 @@ namespace torchtpu {
 // divisor `b` is zero.
 void check_integer_divisor(LoweringContext& ctx, const Node& node, int arg, const V& b);
 }  // namespace torchtpu
+
+// --- Argument checks CPU kernels make and meta kernels do not ------------------------------
+// A lowering that throws raises at the op, in every mode (the engine lowers each new node
+// signature alone when it is recorded), so these checks cost a steady loop nothing.
+namespace torchtpu {
+// PyTorch's names of a dtype in its messages: the C++ type ("long int", "c10::Half", as
+// caffe2::TypeMeta prints it) and the scalar type ("Long", "Half", as c10::toString does).
+const char* cpp_type_name(DType dtype);
+const char* scalar_type_name(DType dtype);
+// A number as PyTorch's C++ messages print it (ostream defaults: 5, -0.1, 1e+20).
+std::string format_number(double value);
+// Throws RuntimeError(message) unless `condition`.
+void check_argument(bool condition, const std::string& message);
+}  // namespace torchtpu
