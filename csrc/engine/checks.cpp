@@ -34,12 +34,17 @@ const CheckQueue::Entry* CheckQueue::first_failure(Runtime& rt, const Launched& 
 void CheckQueue::add(Runtime& rt, BufferPtr flags, int device, std::vector<Entry> entries) {
   launched_.push_back(Launched{std::move(flags), device, std::move(entries)});
   if (launched_.size() <= kMaxUnread) return;
-  // Keep failures (the next wait raises them); drop finished launches that passed.
+  // Keep failures (the next wait raises them); drop finished launches that passed. Never
+  // throws: the launch that called this succeeded (a device error surfaces at the next wait).
   std::deque<Launched> kept;
   for (Launched& l : launched_) {
     int64_t value = 0;
-    if (l.flags && rt.is_ready(*l.flags) && !first_failure(rt, l, &value)) continue;
-    kept.push_back(std::move(l));
+    bool passed = false;
+    try {
+      passed = rt.is_ready(*l.flags) && !first_failure(rt, l, &value);
+    } catch (const std::exception&) {
+    }
+    if (!passed) kept.push_back(std::move(l));
   }
   launched_.swap(kept);
 }

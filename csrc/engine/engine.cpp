@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -62,12 +63,31 @@ struct Engine::Graph {
   uint64_t hash = 0;
   std::string origin;
   bool donate = true;  // false for captured graphs (their parameters belong to the caller)
+  Stage stage = Stage::Lowering;  // how far running it got (a failure is explained by it)
 };
 
 namespace {
 
 // Orders the pending nodes reachable from the roots (operands first), without recursion.
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots);
+
+std::string format_bytes(int64_t bytes) {
+  char buf[32];
+  double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024) std::snprintf(buf, sizeof(buf), "%.2f MiB", b / (1024.0 * 1024));
+  else std::snprintf(buf, sizeof(buf), "%lld bytes", static_cast<long long>(bytes));
+  return buf;
+}
+
+// CUDA's out-of-memory message, for tpu: what did not fit, what the device holds, what to do.
+std::string out_of_memory_message(int64_t bytes, const std::string& what, int device, int64_t budget) {
+  return "torchtpu: tpu out of memory. Tried to allocate " + format_bytes(bytes) + " for " + what + ". tpu:" +
+         std::to_string(device) + " can hold " + format_bytes(budget) + ", of which tensors hold " +
+         format_bytes(device_bytes_in_use(device)) +
+         ". Free tensors you no longer need (del them), lower the batch size, or call torchtpu.sync() more often "
+         "so that fewer results are computed at once.";
+}
 
 }  // namespace
 
@@ -77,6 +97,24 @@ void Engine::set_mode(Mode mode) {
     for (int d = 0; d < (runtime_initialized() ? runtime().device_count() : 0); ++d) flush_locked(d);
   }
   mode_.store(mode);
+}
+
+void Engine::set_memory_fraction(int device, double fraction) {
+  EngineLock lock;
+  if (device < 0 || device >= runtime().device_count())
+    throw std::invalid_argument("torchtpu: no tpu:" + std::to_string(device));
+  if (fraction < 0.0 || fraction > 1.0)
+    throw std::invalid_argument("torchtpu: memory fraction " + std::to_string(fraction) + " is not in [0, 1]");
+  if (memory_fraction_.size() <= static_cast<size_t>(device)) memory_fraction_.resize(device + 1, 1.0);
+  memory_fraction_[device] = fraction;
+}
+
+int64_t Engine::memory_budget(int device) {
+  EngineLock lock;
+  if (memory_limit_.size() <= static_cast<size_t>(device)) memory_limit_.resize(device + 1, -1);
+  if (memory_limit_[device] < 0) memory_limit_[device] = runtime().memory_limit(device);
+  double fraction = static_cast<size_t>(device) < memory_fraction_.size() ? memory_fraction_[device] : 1.0;
+  return static_cast<int64_t>(static_cast<double>(memory_limit_[device]) * fraction);
 }
 
 void Engine::set_cache_dir(const std::string& dir) {
@@ -128,6 +166,9 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
     for (const ValuePtr& v : operands)
       if (v->pending()) flush_locked(v->device);
   }
+  // A value that can never be computed stays so: an op reading it raises its error.
+  for (const ValuePtr& v : operands)
+    if (v->error) std::rethrow_exception(v->error);
   auto node = std::make_shared<Node>();
   node->op = op;
   node->args = std::move(args);
@@ -152,6 +193,7 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
     value->output_index = static_cast<int>(i);
     results.push_back(std::move(value));
   }
+  check_fits(*node);
   learn_node(*node, results);
   if (mode == Mode::Fused) {
     if (pending_ops_ == 0 && hooks_.python_origin) pending_origin_ = hooks_.python_origin();
@@ -174,6 +216,7 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
 const Engine::NodeFacts& Engine::learn_node(Node& node, const std::vector<ValuePtr>& results) {
   auto known = node_facts_.find(node.hash);
   if (known != node_facts_.end()) {
+    if (known->second.failure) std::rethrow_exception(known->second.failure);
     if (known->second.checked && hooks_.python_origin) node.origin = hooks_.python_origin();
     return known->second;
   }
@@ -199,9 +242,20 @@ const Engine::NodeFacts& Engine::learn_node(Node& node, const std::vector<ValueP
   return node_facts_.emplace(node.hash, facts).first->second;
 }
 
+// An op's result that cannot fit on the device even alone raises at the op, as a CUDA
+// allocation would (a fused graph would otherwise fail later, away from the user's line).
+void Engine::check_fits(const Node& node) {
+  int64_t budget = memory_budget(node.device);
+  for (const TensorType& t : node.outputs)
+    if (t.nbytes() > budget)
+      throw DeviceOutOfMemory(out_of_memory_message(t.nbytes(), "a result of " + node.op.name() + " (" + t.str() + ")",
+                                                    node.device, budget));
+}
+
 BufferPtr Engine::materialize(const ValuePtr& value) {
   EngineLock lock;
   if (value->pending()) flush_locked(value->device);
+  if (value->error) std::rethrow_exception(value->error);
   if (!value->buffer) throw std::logic_error("torchtpu: a tensor was not computed by its graph");
   return value->buffer;
 }
@@ -239,11 +293,47 @@ void Engine::flush_locked(int device) {
     // Held by something besides pending nodes (a tensor, autograd): the user can see it.
     if (v.use_count() - 1 > v->node_uses.load()) graph.roots.push_back(v);
   }
+  if (!graph.roots.empty()) {
+    collect_nodes(&graph, graph.roots);
+    if (some_node_failed_) drop_failed_roots(graph);
+    // A transaction: if this throws, the pending graph is as it was.
+    if (!graph.roots.empty()) run_graph(graph);
+  }
   pending_.swap(keep);
   if (pending_.empty()) pending_ops_ = 0;
-  if (graph.roots.empty()) return;
-  collect_nodes(&graph, graph.roots);
-  run_graph(graph);
+}
+
+bool Engine::drop_failed_roots(Graph& g) {
+  std::unordered_map<const Node*, std::exception_ptr> failed;
+  for (Node* node : g.nodes) {  // operands first
+    std::exception_ptr error = node->error;
+    for (size_t i = 0; i < node->operands.size() && !error; ++i) {
+      const ValuePtr& v = node->operands[i];
+      if (!v->pending()) {
+        error = v->error;
+      } else if (auto it = failed.find(v->node.get()); it != failed.end()) {
+        error = it->second;
+      }
+    }
+    if (error) failed.emplace(node, error);
+  }
+  if (failed.empty()) return false;
+  Graph kept;
+  kept.device = g.device;
+  kept.origin = g.origin;
+  for (const ValuePtr& root : g.roots) {
+    auto it = failed.find(root->node.get());
+    if (it == failed.end()) {
+      kept.roots.push_back(root);
+    } else {
+      root->error = it->second;
+      root->node.reset();
+    }
+  }
+  g = Graph();
+  if (!kept.roots.empty()) collect_nodes(&kept, kept.roots);
+  g = std::move(kept);
+  return true;
 }
 
 namespace {
@@ -389,23 +479,38 @@ std::vector<BufferPtr> Engine::launch(Executable& exe, const std::vector<BufferP
 }
 
 void Engine::run_graph(Graph& g) {
-  plan_donation(g);
-  lift_scalars(g);
-  hash_graph(g);
-  CompiledPtr compiled = find_or_compile(g);
-  for (const CheckSpec& spec : compiled->checks) {
-    const Node* node = g.nodes[spec.node];
-    g.check_entries.push_back(CheckQueue::Entry{spec.check, node->op.name(), node->origin});
+  std::vector<BufferPtr> results;
+  // Nothing changes until the launch has succeeded: a failure leaves the graph pending.
+  try {
+    g.stage = Stage::Lowering;  // find_or_compile moves it on
+    plan_donation(g);
+    lift_scalars(g);
+    hash_graph(g);
+    CompiledPtr compiled = find_or_compile(g);
+    for (const CheckSpec& spec : compiled->checks) {
+      const Node* node = g.nodes[spec.node];
+      g.check_entries.push_back(CheckQueue::Entry{spec.check, node->op.name(), node->origin});
+    }
+    g.stage = Stage::Running;
+    int64_t budget = memory_budget(g.device);
+    if (compiled->memory_needed > 0 && device_bytes_in_use(g.device) + compiled->memory_needed > budget)
+      throw DeviceOutOfMemory(out_of_memory_message(
+          compiled->memory_needed,
+          "the results and working memory of a graph of " + std::to_string(g.nodes.size()) + " ops" +
+              (g.origin.empty() ? std::string() : " started at " + g.origin),
+          g.device, budget));
+    std::vector<BufferPtr> args;
+    args.reserve(g.params.size() + 2);
+    for (const ValuePtr& p : g.params) args.push_back(p->buffer);
+    if (!g.float_scalars.empty()) args.push_back(upload_float_scalars(g.float_scalars, g.device));
+    if (!g.int_scalars.empty()) args.push_back(upload_int_scalars(g.int_scalars, g.device));
+    std::vector<TensorType> result_types;
+    result_types.reserve(g.roots.size());
+    for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
+    results = launch(*compiled->executable, args, result_types, g.device, g.check_entries);
+  } catch (...) {
+    std::rethrow_exception(explain_failure(g, g.stage, std::current_exception()));
   }
-  std::vector<BufferPtr> args;
-  args.reserve(g.params.size() + 2);
-  for (const ValuePtr& p : g.params) args.push_back(p->buffer);
-  if (!g.float_scalars.empty()) args.push_back(upload_float_scalars(g.float_scalars, g.device));
-  if (!g.int_scalars.empty()) args.push_back(upload_int_scalars(g.int_scalars, g.device));
-  std::vector<TensorType> result_types;
-  result_types.reserve(g.roots.size());
-  for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
-  std::vector<BufferPtr> results = launch(*compiled->executable, args, result_types, g.device, g.check_entries);
   for (size_t p = 0; p < g.params.size(); ++p) {
     if (g.aliasing[p] >= 0) {
       metrics_.donated_buffers++;
@@ -424,22 +529,110 @@ Engine::CompiledPtr Engine::compile_graph(Graph& g) {
   std::vector<std::string> signature;
   auto compiled = std::make_shared<Compiled>();
   std::string text = lower_graph(g, &signature, &compiled->checks);
+  g.stage = Stage::Compiling;
   dump_module(g, text);
   Runtime& rt = runtime();
   CompileOptions options;
   options.device = g.device;
   // Executables are bound to their device: the options (device assignment) are in the key.
   CacheKey key = make_cache_key(text, rt.version(), rt.platform(), options.describe());
-  if ((compiled->executable = load_from_disk(key, g.device))) return compiled;
+  if ((compiled->executable = load_from_disk(key, g.device))) {
+    compiled->memory_needed = rt.memory_needed(*compiled->executable);
+    return compiled;
+  }
   if (g.origin.empty() && hooks_.python_origin) g.origin = hooks_.python_origin();
   auto start = std::chrono::steady_clock::now();
   ExecutablePtr exe = rt.compile(text, options);
   metrics_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   metrics_.graphs_compiled++;
   note_recompilation(g, std::move(signature));
+  // Its ops' signatures compiled: none of them can make a later graph fail to compile.
+  for (const Node* node : g.nodes)
+    if (auto facts = node_facts_.find(node->hash); facts != node_facts_.end()) facts->second.compiled = true;
+  compiled->memory_needed = rt.memory_needed(*exe);
   if (disk_cache_.active()) disk_cache_.store(key, rt.serialize(*exe), hooks_.warn);
   compiled->executable = std::move(exe);
   return compiled;
+}
+
+// ---- a failed flush: which op, and what is lost ------------------------------------------
+
+std::exception_ptr Engine::explain_failure(Graph& g, Stage stage, std::exception_ptr error) {
+  if (stage == Stage::Running) {
+    // The whole graph failed to run (out of memory, say). Its values stay pending, but a
+    // donated argument may be gone with the failed execution: such a value can never be
+    // read again, and says so instead of reading freed memory.
+    for (size_t p = 0; p < g.params.size(); ++p) {
+      const ValuePtr& param = g.params[p];
+      if (g.aliasing.size() > p && g.aliasing[p] >= 0 && param->buffer && runtime().is_deleted(*param->buffer)) {
+        param->buffer.reset();
+        param->error = error;
+        some_node_failed_ = true;
+      }
+    }
+    return error;
+  }
+  // Lowering or compiling failed: find the op. Only ops whose signature never compiled can
+  // be at fault; each is compiled alone, halving the suspects each time.
+  std::vector<Node*> suspects;
+  for (Node* node : g.nodes) {
+    auto facts = node_facts_.find(node->hash);
+    if (facts == node_facts_.end() || !facts->second.compiled) suspects.push_back(node);
+  }
+  std::string message;
+  Node* culprit = first_failing_node(suspects, g.device, &message);
+  if (!culprit) return error;  // no single op fails alone: the graph as a whole did
+  std::string text = "torchtpu: " + culprit->op.name() + " cannot run on tpu";
+  if (!culprit->origin.empty()) text += " (issued at " + culprit->origin + ")";
+  text += ": " + message;
+  std::exception_ptr failure = std::make_exception_ptr(std::runtime_error(text));
+  culprit->error = failure;
+  node_facts_[culprit->hash].failure = failure;  // recording it again raises at once
+  some_node_failed_ = true;
+  return failure;
+}
+
+Node* Engine::first_failing_node(const std::vector<Node*>& suspects, int device, std::string* message) {
+  if (suspects.empty() || compiles_alone(suspects, device, message)) return nullptr;
+  size_t low = 0, high = suspects.size();  // [low, high) holds the first failing node
+  while (high - low > 1) {
+    size_t mid = (low + high) / 2;
+    std::vector<Node*> first_half(suspects.begin() + low, suspects.begin() + mid);
+    if (compiles_alone(first_half, device, message)) low = mid;
+    else high = mid;
+  }
+  compiles_alone({suspects[low]}, device, message);
+  return suspects[low];
+}
+
+// Compiles `nodes` side by side, each reading its operands as parameters; on failure
+// `message` says why.
+bool Engine::compiles_alone(const std::vector<Node*>& nodes, int device, std::string* message) {
+  Graph bag;
+  bag.device = device;
+  bag.donate = false;
+  for (Node* node : nodes) {
+    bag.node_index[node] = static_cast<int>(bag.nodes.size());
+    bag.nodes.push_back(node);
+    for (const ValuePtr& v : node->operands) {
+      if (bag.param_index.count(v.get())) continue;
+      bag.param_index[v.get()] = static_cast<int>(bag.params.size());
+      bag.params.push_back(v);
+    }
+  }
+  bag.aliasing.assign(bag.params.size(), -1);
+  lift_scalars(bag);
+  try {
+    std::vector<std::string> signature;
+    std::vector<CheckSpec> checks;
+    CompileOptions options;
+    options.device = device;
+    runtime().compile(lower_graph(bag, &signature, &checks), options);
+    return true;
+  } catch (const std::exception& e) {
+    *message = e.what();
+    return false;
+  }
 }
 
 // The module's text; `signature` gets one line per node (op and operand types) for the
@@ -481,6 +674,8 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
   }
   std::vector<V> results;
   for (const ValuePtr& root : g.roots) results.push_back(node_results[g.node_index.at(root->node.get())][root->output_index]);
+  if (g.roots.empty())  // nodes compiled side by side (compiles_alone): all their results
+    for (const auto& outputs : node_results) results.insert(results.end(), outputs.begin(), outputs.end());
   if (!ctx.checks().empty()) {
     std::vector<V> flags;
     for (const auto& c : ctx.checks()) {

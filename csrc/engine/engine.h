@@ -81,6 +81,11 @@ class Engine {
   const std::string& cache_dir() const { return disk_cache_.dir(); }
   void set_dump_dir(const std::string& dir) { dump_dir_ = dir; }
   void set_max_pending_ops(int64_t n) { max_pending_ops_ = n; }
+  // The share of a device's memory torchtpu may fill (torch.tpu.set_per_process_memory_fraction):
+  // an op whose result, or a graph whose results and working space, would not fit raises
+  // DeviceOutOfMemory before anything runs.
+  void set_memory_fraction(int device, double fraction);
+  int64_t memory_budget(int device);
   void clear_memory_cache();
 
   std::recursive_mutex& mutex() { return mutex_; }
@@ -91,6 +96,7 @@ class Engine {
   struct Compiled {
     ExecutablePtr executable;
     std::vector<CheckSpec> checks;
+    int64_t memory_needed = 0;  // device memory a run allocates (Runtime::memory_needed)
   };
   using CompiledPtr = std::shared_ptr<const Compiled>;
 
@@ -142,8 +148,25 @@ class Engine {
   // A node that cannot be lowered raises at once, at the user's line, and never joins a graph.
   struct NodeFacts {
     bool checked = false;
+    bool compiled = false;       // part of a graph that compiled: it cannot make one fail
+    std::exception_ptr failure;  // it failed to compile alone: recording it raises this
   };
   const NodeFacts& learn_node(Node& node, const std::vector<ValuePtr>& results);
+  void check_fits(const Node& node);
+
+  // A flush is a transaction: when running its graph fails, the pending graph is left as
+  // it was (every pending value stays computable) and the error is explained.
+  enum class Stage { Lowering, Compiling, Running };
+  std::exception_ptr explain_failure(Graph& graph, Stage stage, std::exception_ptr error);
+  // The first node (in graph order) of `candidates` that fails to compile alone, or null.
+  Node* first_failing_node(const std::vector<Node*>& candidates, int device, std::string* message);
+  bool compiles_alone(const std::vector<Node*>& nodes, int device, std::string* message);
+  // Roots that depend on a failed node become failed values (reading them raises its
+  // error) and leave the graph; false when none did.
+  bool drop_failed_roots(Graph& graph);
+  bool some_node_failed_ = false;
+  std::vector<int64_t> memory_limit_;
+  std::vector<double> memory_fraction_;
   std::unordered_map<uint64_t, NodeFacts> node_facts_;
   CheckQueue checks_;
 

@@ -8,6 +8,7 @@
 #include "device/capture.h"
 #include "device/generator.h"
 #include "device/kernels.h"
+#include "device/snapshot.h"
 #include "device/tensor.h"
 #include "engine/engine.h"
 #include "lowering/registry.h"
@@ -140,6 +141,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("cache_dir", [] { return Engine::get().cache_dir(); });
   m.def("set_dump_dir", [](const std::string& dir) { Engine::get().set_dump_dir(dir); });
   m.def("set_max_pending_ops", [](int64_t n) { Engine::get().set_max_pending_ops(n); });
+  m.def("set_memory_fraction", [](int device, double fraction) {
+    translate_errors([&] { Engine::get().set_memory_fraction(device, fraction); });
+  });
+  m.def("memory_budget", [](int device) { return translate_errors([&] { return Engine::get().memory_budget(device); }); });
   m.def("clear_memory_cache", [] { Engine::get().clear_memory_cache(); }, py::call_guard<py::gil_scoped_release>());
   m.def("set_fallback_policy", &set_fallback_policy);
   m.def("lowered_ops", &compile_lowered_ops);
@@ -153,6 +158,15 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("initial_seed", [](int d) { return default_generator(d).current_seed(); });
   m.def("default_generator", [](int d) { return default_generator(d); });
+
+  // ---- optimizer steps as transactions (device/snapshot.h, torchtpu/_patches.py) ----------
+  py::class_<ValueSnapshot>(m, "_ValueSnapshot");
+  m.def("take_snapshot", [](const py::sequence& items) {
+    std::vector<at::Tensor> tensors;
+    for (const py::handle& item : items) tensors.push_back(THPVariable_Unpack(item.ptr()));
+    return translate_errors([&] { return take_snapshot(tensors); });
+  });
+  m.def("restore_snapshot", [](const ValueSnapshot& s) { return translate_errors([&] { return restore_snapshot(s); }); });
 
   // ---- torch.compile: captured graphs (device/capture.h, torchtpu/compiler.py) ----------
   struct CaptureHandle {
