@@ -12,7 +12,8 @@ import os
 import torch
 
 __version__ = "0.1.0"
-__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data"]
+__all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler",
+           "export", "Exported", "to_jax", "from_jax", "jax_op", "register_jax_op"]
 
 _VALID_PLATFORMS = ("cpu", "cuda", "tpu")
 
@@ -91,6 +92,11 @@ except Exception as error:
 from torchtpu import _C  # noqa: E402
 from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
+from torchtpu.jax_interop import from_jax, jax_op, register_jax_op, to_jax  # noqa: E402
+from torchtpu import profiler  # noqa: E402
+from torchtpu._export import Exported, export  # noqa: E402
+
+__import__("torchtpu._linalg", fromlist=["_"]).install()  # tpu kernels of the JAX-lowered linalg ops
 
 
 def platform() -> str:

@@ -491,7 +491,7 @@ def _register_optimizer_hooks():
         for group in optimizer.param_groups:
             for param in group["params"]:
                 if param.device.type == "tpu":
-                    _C.sync(False)
+                    _C.sync(False, "optimizer_step")
                     return
 
     # fused=True: PyTorch accepts it for tpu, but its fused kernels (_fused_adam_, ...) are

@@ -36,7 +36,9 @@ __all__ = ["tpu_backend"]
 
 
 def _lowered_aten_ops() -> set[str]:
-    return {name for name in _C.lowered_ops() if name.startswith("aten::")}
+    from torchtpu import _linalg
+
+    return {name for name in _C.lowered_ops() if name.startswith("aten::")} | set(_linalg.lowered_ops())
 
 
 def _op_key(op) -> str:
@@ -115,10 +117,10 @@ class _CompiledGraph:
 
     def _interpret(self, args):
         self.stats["interpreted"] += 1
-        _C.sync(False)  # the inputs' pending work is its own graph
+        _C.sync(False, "torch_compile")  # the inputs' pending work is its own graph
         out = self.gm(*args)
         if _C.get_mode() == "fused":
-            _C.sync(False)  # the whole FX graph: one executable
+            _C.sync(False, "torch_compile")  # the whole FX graph: one executable
         return out
 
     def _capture(self, args, key):

@@ -2,6 +2,7 @@
 // creates, the graph IR holds and the engine passes back to the runtime.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -13,6 +14,9 @@ namespace torchtpu {
 struct DeviceBuffer {
   TensorType type;
   int device = 0;
+  // Also held outside torchtpu (a jax.Array from torchtpu.to_jax / from_jax): never donated,
+  // since donating it would delete the other holder's array.
+  std::atomic<bool> shared_outside{false};
   explicit DeviceBuffer(TensorType t, int d);
   virtual ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;

@@ -16,6 +16,7 @@ namespace torchtpu {
 struct Capture {
   int device = 0;
   ExecutablePtr executable;  // null when every output is an input or a constant
+  uint64_t graph_hash = 0;   // names the executable in profiler traces
   // Per FX input: its type when it is a tpu tensor (checked on every replay).
   std::vector<std::optional<TensorType>> input_types;
   // Pairs of FX inputs that held the same value when captured (a parameter reads the first).
@@ -91,7 +92,7 @@ void capture_begin(const std::vector<at::Tensor>& inputs) {
   // holds exactly what the FX graph records.
   for (const at::Tensor& t : inputs)
     if (is_tpu(t)) value_of(t, t.device().index());  // functional views sync here
-  e.sync(false);
+  e.sync(false, FlushReason::TorchCompile);
   g_begin.active = true;
   g_begin.serial = next_value_serial();
   g_begin.execute_count = e.metrics().execute_count.load();
@@ -147,11 +148,12 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
   }
   if (!ok) {
     g_uncapturable++;
-    e.sync(false);  // interpreter semantics: the graph's work runs now
+    e.sync(false, FlushReason::TorchCompile);  // interpreter semantics: the graph's work runs now
     return nullptr;
   }
   Engine::CaptureRun run = e.run_for_capture(roots, device);
   capture->executable = run.executable;
+  capture->graph_hash = run.graph_hash;
   std::unordered_map<const Value*, int> base_of;  // storage bases of the FX inputs
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!capture->input_types[i]) continue;
@@ -243,7 +245,7 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
         args.push_back(e.upload_int_scalars(ints, c.device));
       }
     }
-    results = e.launch(*c.executable, args, c.result_types, c.device, c.checks);
+    results = e.launch(*c.executable, args, c.result_types, c.device, c.graph_hash, c.checks);
   }
   g_replays++;
   std::vector<at::Tensor> root_tensors;

@@ -82,6 +82,10 @@ bool record_raw_view(const c10::OperatorHandle& op, torch::jit::Stack* stack, bo
 
 namespace {
 
+bool name_is(const c10::FunctionSchema& schema, const char* name, const char* overload) {
+  return schema.name() == name && schema.overload_name() == overload;
+}
+
 // The functional op of an in-place (add_) or out= (add.out) op, if it has a lowering.
 std::optional<c10::OperatorHandle> functional_counterpart(const c10::FunctionSchema& schema, bool inplace) {
   std::string base = schema.name();
@@ -93,6 +97,8 @@ std::optional<c10::OperatorHandle> functional_counterpart(const c10::FunctionSch
     if (base == "aten::normal") return c10::Dispatcher::singleton().findOp({"aten::normal_functional", ""});
   } else if (overload == "out") {
     candidates = {"", "Tensor", "default"};
+  } else if (name_is(schema, "aten::arange", "start_out")) {
+    candidates = {"start_step"};  // the one out= form whose functional overload is named otherwise
   } else if (overload.size() > 4 && overload.compare(overload.size() - 4, 4, "_out") == 0) {
     candidates = {overload.substr(0, overload.size() - 4)};
   } else {
@@ -130,7 +136,19 @@ bool record_mutable(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     call.push_back(args[i]);
   }
-  if (call.size() != functional->schema().arguments().size()) return false;
+  // Factory out= ops (arange.out, linspace.out): the functional form's dtype and device
+  // come from the out tensor.
+  const auto& functional_args = functional->schema().arguments();
+  if (!inplace && written.size() == 1) {
+    for (size_t i = call.size(); i < functional_args.size(); ++i) {
+      const std::string& arg = functional_args[i].name();
+      if (arg == "dtype") call.push_back(static_cast<int64_t>(written[0].scalar_type()));
+      else if (arg == "device") call.push_back(written[0].device());
+      else if (arg == "layout" || arg == "pin_memory") call.push_back(c10::IValue());
+      else break;
+    }
+  }
+  if (call.size() != functional_args.size()) return false;
   const LoweringRule* rule = find_lowering(op_name(*functional));
   if (!record_op(*functional, rule, &call)) return false;
   std::vector<at::Tensor> results;

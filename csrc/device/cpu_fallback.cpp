@@ -11,6 +11,7 @@
 
 #include "device/kernels.h"
 #include "engine/engine.h"
+#include "engine/trace.h"
 
 namespace torchtpu {
 namespace {
@@ -41,6 +42,8 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     TORCH_CHECK_NOT_IMPLEMENTED(false, "torchtpu: op ", name, " has no tpu lowering and TORCHTPU_FALLBACK=error; "
                                 "set TORCHTPU_FALLBACK=warn to run it on CPU");
   Engine::get().record_fallback(name);
+  // The whole round trip: inputs to the host, the CPU kernel, results back.
+  TraceSpan span([&] { return TraceEvent{"torchtpu::cpu_fallback#" + name, {{"op", name}}}; });
   if (g_fallback_policy == 0) {
     std::lock_guard<std::mutex> lock(g_warned_mutex);
     if (g_warned.insert(name).second)

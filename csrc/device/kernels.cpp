@@ -4,6 +4,8 @@
 // there, and anything else runs on CPU.
 #include <torch/library.h>
 
+#include <unordered_set>
+
 #include "device/kernels.h"
 
 namespace torchtpu {
@@ -35,6 +37,7 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   translate_errors([&] {
     std::string name = op_name(op);
     const LoweringRule* rule = find_lowering(name);
+    if (record_data_dependent(name, op, rule, stack)) return;
     if (rule && !op.schema().is_mutable() && record_op(op, rule, stack)) return;
     if (!rule && is_view_op(op.schema()) && record_raw_view(op, stack, false)) return;
     if (!rule && is_inplace_view_op(name) && record_raw_view(op, stack, true)) return;
@@ -69,9 +72,14 @@ void register_kernels() {
   aten.impl("native_batch_norm", TORCH_FN(tpu_native_batch_norm));
   // Ops with a lowering get the boxed kernel directly: a direct registration wins over
   // PyTorch's composite kernels (which would call the out= variant through the fallback).
+  static const std::unordered_set<std::string> boxed_overrides = {"_native_batch_norm_legit_functional",
+                                                                   "_native_batch_norm_legit_no_training"};
+  for (const std::string& name : boxed_overrides)
+    aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&batch_norm_empty_stats_in_eval>());
   for (const std::string& full : lowered_ops()) {
     if (full.rfind("aten::", 0) != 0) continue;
     std::string name = full.substr(6);
+    if (boxed_overrides.count(name)) continue;
     auto dot = name.find('.');
     std::string base = name.substr(0, dot), overload = dot == std::string::npos ? "" : name.substr(dot + 1);
     if (!c10::Dispatcher::singleton().findSchema({"aten::" + base, overload})) continue;  // not in this torch

@@ -1,6 +1,7 @@
 // The tpu device's aten kernels, one file per job, and their registration (kernels.cpp):
 //   record_op.cpp     ops with a lowering: arguments -> graph node, output types from
 //                     PyTorch's meta kernels (cached), recorded in the engine
+//   data_dependent.cpp  ops whose result shape depends on the data (nonzero, unique, ...)
 //   composite.cpp     what PyTorch's composite kernels issue below functionalization:
 //                     views of inner tensors, in-place and out= ops, foreach ops
 //   cpu_fallback.cpp  ops without a lowering run on CPU, counted and under a policy
@@ -56,6 +57,13 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
 // An argument as meta kernels take it (tensors become meta tensors of the same geometry).
 c10::IValue to_meta(const c10::IValue& v);
 
+// ---- data_dependent.cpp ------------------------------------------------------------------
+// nonzero, masked_select, boolean-mask indexing and unique: a count read back, then the
+// result at that size on the device. False when the op is not one of them or cannot run
+// here (the caller goes on as for any other op).
+bool record_data_dependent(const std::string& name, const c10::OperatorHandle& op, const LoweringRule* rule,
+                           torch::jit::Stack* stack);
+
 // ---- composite.cpp ----------------------------------------------------------------------
 bool is_view_op(const c10::FunctionSchema& schema);
 bool is_inplace_view_op(const std::string& name);
@@ -95,6 +103,7 @@ at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::Scala
                                  std::optional<at::MemoryFormat> memory_format);
 at::Tensor& copy_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& self, const at::Tensor& src, bool non_blocking);
 void foreach_inplace_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_native_batch_norm(
     const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,

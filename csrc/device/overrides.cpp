@@ -1,6 +1,6 @@
 // PyTorch kernels replaced for tpu, each because PyTorch's own cannot serve a tpu tensor:
 // functionalization's _to_copy, autograd's copy_ (ADInplaceOrView), meta kernels of
-// in-place foreach ops, and native_batch_norm.
+// in-place foreach ops, native_batch_norm and the empty statistics of batch norm in eval mode.
 #include <ATen/ExpandUtils.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
@@ -112,6 +112,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_native_batch_norm(
     store_value(*running_var, value_of(std::get<4>(r), running_var->device().index()));
   }
   return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+}
+
+// _native_batch_norm_legit_functional / _native_batch_norm_legit_no_training: when not
+// training, PyTorch's CPU kernels return empty save_mean/save_invstd while the meta kernels
+// say [C]; the tpu results follow the CPU (the lowering's [C] values are dropped).
+void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  size_t n = schema.arguments().size();
+  bool training = schema.overload_name().empty() && op.operator_name().name == "aten::_native_batch_norm_legit_functional"
+                      ? (*stack)[stack->size() - n + 5].toBool()
+                      : false;
+  tpu_boxed_kernel(op, stack);
+  if (training) return;
+  size_t r = schema.returns().size();
+  for (size_t i = 1; i <= 2; ++i) {
+    c10::IValue& v = (*stack)[stack->size() - r + i];
+    at::Tensor t = v.toTensor();
+    if (!is_tpu(t) || t.dim() != 1 || t.size(0) == 0) continue;
+    TensorType empty{{0}, to_dtype(t.scalar_type())};
+    v = wrap_for_user(make_tensor(zeros_value(empty, t.device().index())));
+  }
 }
 
 }  // namespace torchtpu

@@ -1,6 +1,7 @@
 // Ops with a lowering: the op's arguments become a graph node (tensors its operands,
 // numbers lifted or static), PyTorch's meta kernel gives the output types (cached by the
 // node's signature), and the engine records it.
+#include <ATen/ops/_linalg_check_errors.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -226,6 +227,26 @@ void append_generator_args(ParsedOp& p, const std::vector<c10::IValue>& args) {
   p.args.push_back(Arg::integer(0, true));
 }
 
+// Linear-algebra rules (rule data "linalg") compute in float32 / float64 only: PyTorch's CPU
+// and CUDA kernels raise for other dtypes, and the CPU kernel raises that error.
+bool linalg_dtype(const LoweringRule* rule, const at::Tensor& t) {
+  if (!rule->data || std::strcmp(rule->data, "linalg") != 0) return true;
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
+}
+
+// An `_ex` op called with check_errors=True raises from its info output (its last), as
+// PyTorch's kernels do: the host reads info, like CUDA's.
+void check_linalg_errors(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
+                         const torch::jit::Stack& outputs) {
+  const auto& arguments = op.schema().arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].name() != "check_errors" || !args[i].isBool() || !args[i].toBool()) continue;
+    std::string api = op.schema().name().substr(6);  // "linalg_cholesky_ex" -> "linalg.cholesky_ex"
+    if (api.rfind("linalg_", 0) == 0) api[6] = '.';
+    at::_linalg_check_errors(outputs.back().toTensor(), api, args[0].toTensor().dim() == 2);
+  }
+}
+
 }  // namespace
 
 bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack) {
@@ -237,6 +258,7 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
       const auto& t = v.toTensor();
       if (!is_supported_dtype(static_cast<int>(t.scalar_type()))) return false;
       if (!is_tpu(t) && !t.device().is_cpu()) return false;
+      if (!linalg_dtype(rule, t)) return false;
     }
   }
   ParsedOp p = parse_args(schema, args, rule);
@@ -289,6 +311,7 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
       stack->push_back(std::move(list));
     }
   }
+  check_linalg_errors(op, args, *stack);
   return true;
 }
 

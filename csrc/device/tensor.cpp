@@ -7,6 +7,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "engine/engine.h"
+#include "engine/trace.h"
 #include "lowering/registry.h"
 
 namespace torchtpu {
@@ -22,6 +23,12 @@ c10::Storage empty_storage(const TensorType& type, c10::Device device) {
 thread_local int g_current_device = 0;
 
 }  // namespace
+
+OpKind lowered_kind(const char* name) {
+  const LoweringRule* rule = find_lowering(name);
+  TORCH_INTERNAL_ASSERT(rule, "torchtpu: missing lowering ", name);
+  return rule->kind;
+}
 
 TpuTensorImpl::TpuTensorImpl(ValuePtr value, c10::Device device)
     : c10::TensorImpl(empty_storage(value->type, device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -39,12 +46,6 @@ Arg int_list(const std::vector<int64_t>& v) {
   return a;
 }
 
-// The kind of an op the device layer records itself; its lowering must exist.
-OpKind lowered_kind(const char* name) {
-  const LoweringRule* rule = find_lowering(name);
-  TORCH_INTERNAL_ASSERT(rule, "torchtpu: missing lowering ", name);
-  return rule->kind;
-}
 
 // The elements of a view, read from its root's value.
 ValuePtr read_view(const ValuePtr& root, const TpuTensorImpl::ViewOf& v) {
@@ -200,11 +201,21 @@ struct HostHolder {
   std::vector<int64_t> strides;
 };
 
+TraceEvent transfer_event(const char* direction, const TensorType& type, int device) {
+  return TraceEvent{std::string("torchtpu::transfer#") + direction,
+                    {{"direction", direction},
+                     {"what", "tensor"},
+                     {"bytes", type.nbytes()},
+                     {"type", type.str()},
+                     {"device", static_cast<int64_t>(device)}}};
+}
+
 }  // namespace
 
 ValuePtr upload(const at::Tensor& cpu_in, int device) {
   TORCH_CHECK(cpu_in.device().is_cpu(), "torchtpu: cannot copy a ", cpu_in.device(), " tensor to tpu directly; move it to cpu first");
   TensorType type = tensor_type_of(cpu_in);
+  TraceSpan span([&] { return transfer_event("to_device", type, device); });
   // A private contiguous copy: the device buffer may alias it (zero-copy on CPU), so later
   // writes to the user's CPU tensor must not show through.
   at::Tensor cpu = cpu_in.is_conj() || cpu_in.is_neg() ? cpu_in.resolve_conj().resolve_neg() : cpu_in;
@@ -232,6 +243,14 @@ ValuePtr upload(const at::Tensor& cpu_in, int device) {
 
 at::Tensor download(const ValuePtr& value) {
   BufferPtr buffer = Engine::get().materialize(value);
+  if (tracing()) {
+    // The copy waits for the value's computation: traced apart, the transfer's span is the copy.
+    TraceSpan wait([&] {
+      return TraceEvent{"torchtpu::wait", {{"reason", "to_host"}, {"device", static_cast<int64_t>(value->device)}}};
+    });
+    runtime().wait(*buffer);
+  }
+  TraceSpan span([&] { return transfer_event("to_host", value->type, value->device); });
   DLManagedTensor* managed = runtime().download(*buffer);
   at::Tensor host = at::fromDLPack(managed);
   // The host waited for the graph: its runtime checks (and earlier ones) are computed.

@@ -68,6 +68,8 @@ at::Tensor wrap_for_user(const at::Tensor& raw);
 ValuePtr upload(const at::Tensor& cpu, int device);
 at::Tensor download(const ValuePtr& value);  // a fresh contiguous CPU tensor
 
+// The kind of an op the device layer records itself; its lowering must exist.
+OpKind lowered_kind(const char* name);
 // Records an internal op (convert dtype, broadcast) on a value.
 ValuePtr convert_value(const ValuePtr& value, DType dtype);
 ValuePtr broadcast_value(const ValuePtr& value, const std::vector<int64_t>& shape);

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "engine/disk_cache.h"
+#include "engine/trace.h"
 #include "lowering/registry.h"
 #include "stablehlo/builder.h"
 #include "stablehlo/module.h"
@@ -29,6 +30,25 @@ Mode parse_mode(const std::string& name) {
   if (name == "strict") return Mode::Strict;
   if (name == "fused") return Mode::Fused;
   throw std::invalid_argument("torchtpu: unknown mode '" + name + "'; choose debug, strict or fused");
+}
+
+const char* flush_reason_name(FlushReason reason) {
+  switch (reason) {
+    case FlushReason::Observation: return "observation";
+    case FlushReason::OptimizerStep: return "optimizer_step";
+    case FlushReason::SizeLimit: return "size_limit";
+    case FlushReason::Sync: return "sync";
+    case FlushReason::ModeChange: return "mode_change";
+    case FlushReason::TorchCompile: return "torch_compile";
+  }
+  return "?";
+}
+
+FlushReason parse_flush_reason(const std::string& name) {
+  for (FlushReason r : {FlushReason::Observation, FlushReason::OptimizerStep, FlushReason::SizeLimit, FlushReason::Sync,
+                        FlushReason::ModeChange, FlushReason::TorchCompile})
+    if (name == flush_reason_name(r)) return r;
+  throw std::invalid_argument("torchtpu: unknown flush reason '" + name + "'");
 }
 
 EngineLock::EngineLock() : mutex_(Engine::get().mutex()) {
@@ -71,6 +91,23 @@ namespace {
 // Orders the pending nodes reachable from the roots (operands first), without recursion.
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots);
 
+// The event of finding a graph's executable: `cache` is where it came from (memory, disk)
+// or "compiled" (XLA compiled it); the span's duration is the time that took.
+TraceEvent compile_event(Engine::Graph& g, const char* cache, const Hooks& hooks) {
+  if (g.origin.empty() && hooks.python_origin) g.origin = hooks.python_origin();
+  return TraceEvent{std::string("torchtpu::compile#") + cache,
+                    {{"cache", cache},
+                     {"graph", graph_name(g.hash)},
+                     {"origin", g.origin},
+                     {"ops", static_cast<int64_t>(g.nodes.size())},
+                     {"device", static_cast<int64_t>(g.device)}}};
+}
+
+TraceEvent upload_event(const char* what, int64_t bytes, int device) {
+  return TraceEvent{"torchtpu::transfer#to_device",
+                    {{"direction", "to_device"}, {"what", what}, {"bytes", bytes}, {"device", static_cast<int64_t>(device)}}};
+}
+
 std::string format_bytes(int64_t bytes) {
   char buf[32];
   double b = static_cast<double>(bytes);
@@ -94,7 +131,8 @@ std::string out_of_memory_message(int64_t bytes, const std::string& what, int de
 void Engine::set_mode(Mode mode) {
   EngineLock lock;
   if (mode != mode_.load()) {
-    for (int d = 0; d < (runtime_initialized() ? runtime().device_count() : 0); ++d) flush_locked(d);
+    for (int d = 0; d < (runtime_initialized() ? runtime().device_count() : 0); ++d)
+      flush_locked(d, FlushReason::ModeChange);
   }
   mode_.store(mode);
 }
@@ -164,7 +202,7 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
   Mode mode = mode_.load();
   if (mode != Mode::Fused) {
     for (const ValuePtr& v : operands)
-      if (v->pending()) flush_locked(v->device);
+      if (v->pending()) flush_locked(v->device, FlushReason::Observation);
   }
   // A value that can never be computed stays so: an op reading it raises its error.
   for (const ValuePtr& v : operands)
@@ -198,7 +236,7 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
   if (mode == Mode::Fused) {
     if (pending_ops_ == 0 && hooks_.python_origin) pending_origin_ = hooks_.python_origin();
     for (const ValuePtr& v : results) pending_.push_back(v);
-    if (++pending_ops_ >= max_pending_ops_) flush_locked(device);
+    if (++pending_ops_ >= max_pending_ops_) flush_locked(device, FlushReason::SizeLimit);
     return results;
   }
   Graph graph;
@@ -254,17 +292,18 @@ void Engine::check_fits(const Node& node) {
 
 BufferPtr Engine::materialize(const ValuePtr& value) {
   EngineLock lock;
-  if (value->pending()) flush_locked(value->device);
+  if (value->pending()) flush_locked(value->device, FlushReason::Observation);
   if (value->error) std::rethrow_exception(value->error);
   if (!value->buffer) throw std::logic_error("torchtpu: a tensor was not computed by its graph");
   return value->buffer;
 }
 
-void Engine::sync(bool wait) {
+void Engine::sync(bool wait, FlushReason reason) {
   EngineLock lock;
   if (!runtime_initialized()) return;
-  for (int d = 0; d < runtime().device_count(); ++d) flush_locked(d);
+  for (int d = 0; d < runtime().device_count(); ++d) flush_locked(d, reason);
   if (wait) {
+    TraceSpan span([&] { return TraceEvent{"torchtpu::wait", {{"reason", flush_reason_name(reason)}}}; });
     for (const auto& weak : last_results_)
       if (BufferPtr b = weak.lock()) runtime().wait(*b);
     last_results_.clear();
@@ -277,7 +316,7 @@ void Engine::raise_failed_checks(int device) {
   if (runtime_initialized()) checks_.raise_failed(runtime(), device, /*wait=*/false);
 }
 
-void Engine::flush_locked(int device) {
+void Engine::flush_locked(int device, FlushReason reason) {
   if (pending_.empty()) return;
   Graph graph;
   graph.device = device;
@@ -297,7 +336,18 @@ void Engine::flush_locked(int device) {
     collect_nodes(&graph, graph.roots);
     if (some_node_failed_) drop_failed_roots(graph);
     // A transaction: if this throws, the pending graph is as it was.
-    if (!graph.roots.empty()) run_graph(graph);
+    if (!graph.roots.empty()) {
+      TraceSpan span([&] {
+        const char* why = flush_reason_name(reason);
+        return TraceEvent{std::string("torchtpu::flush#") + why,
+                          {{"reason", why},
+                           {"ops", static_cast<int64_t>(graph.nodes.size())},
+                           {"outputs", static_cast<int64_t>(graph.roots.size())},
+                           {"device", static_cast<int64_t>(device)},
+                           {"origin", graph.origin}}};
+      });
+      run_graph(graph);
+    }
   }
   pending_.swap(keep);
   if (pending_.empty()) pending_ops_ = 0;
@@ -342,6 +392,13 @@ void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
   std::vector<std::pair<Node*, size_t>> stack;
   std::unordered_set<const Node*> visiting;
   for (const ValuePtr& root : roots) {
+    if (!root->pending()) {  // an exported graph may return an argument as is
+      if (!g->param_index.count(root.get())) {
+        g->param_index[root.get()] = static_cast<int>(g->params.size());
+        g->params.push_back(root);
+      }
+      continue;
+    }
     Node* start = root->node.get();
     if (g->node_index.count(start) || visiting.count(start)) continue;
     stack.emplace_back(start, 0);
@@ -380,7 +437,8 @@ void Engine::plan_donation(Graph& g) {
   std::vector<bool> root_taken(g.roots.size(), false);
   for (size_t p = 0; p < g.params.size(); ++p) {
     const ValuePtr& param = g.params[p];
-    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer.use_count() == 1;
+    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer.use_count() == 1 &&
+                  !param->buffer->shared_outside.load();
     if (!g.donate || !unheld || param->type.numel() == 0) continue;
     for (size_t r = 0; r < g.roots.size(); ++r) {
       if (!root_taken[r] && g.roots[r]->type == param->type) {
@@ -439,6 +497,7 @@ void Engine::hash_graph(Graph& g) {
 Engine::CompiledPtr Engine::find_or_compile(Graph& g) {
   auto cached = memory_cache_.find(g.hash);
   if (cached != memory_cache_.end()) {
+    TraceSpan span([&] { return compile_event(g, "memory", hooks_); });
     metrics_.cache_hits_memory++;
     return cached->second;
   }
@@ -451,6 +510,7 @@ DType Engine::scalar_float_dtype() { return runtime().has_float64() ? DType::Flo
 
 BufferPtr Engine::upload_float_scalars(const std::vector<double>& values, int device) {
   TensorType t{{static_cast<int64_t>(values.size())}, scalar_float_dtype()};
+  TraceSpan span([&] { return upload_event("scalars", t.nbytes(), device); });
   if (t.dtype == DType::Float64) return runtime().upload_bytes(values.data(), t, device);
   std::vector<float> narrow(values.begin(), values.end());
   return runtime().upload_bytes(narrow.data(), t, device);
@@ -458,13 +518,23 @@ BufferPtr Engine::upload_float_scalars(const std::vector<double>& values, int de
 
 BufferPtr Engine::upload_int_scalars(const std::vector<int64_t>& values, int device) {
   TensorType t{{static_cast<int64_t>(values.size())}, DType::Int64};
+  TraceSpan span([&] { return upload_event("scalars", t.nbytes(), device); });
   return runtime().upload_bytes(values.data(), t, device);
 }
 
 std::vector<BufferPtr> Engine::launch(Executable& exe, const std::vector<BufferPtr>& args,
                                       const std::vector<TensorType>& result_types, int device,
-                                      const std::vector<CheckQueue::Entry>& checks) {
+                                      uint64_t graph_hash, const std::vector<CheckQueue::Entry>& checks) {
   EngineLock lock;
+  // Launching is asynchronous: the span is the host's share; the device's is in the
+  // timeline of torchtpu.profiler.trace.
+  TraceSpan span([&] {
+    return TraceEvent{"torchtpu::execute",
+                      {{"graph", graph_name(graph_hash)},
+                       {"arguments", static_cast<int64_t>(args.size())},
+                       {"results", static_cast<int64_t>(result_types.size())},
+                       {"device", static_cast<int64_t>(device)}}};
+  });
   std::vector<TensorType> types = result_types;
   if (!checks.empty()) types.push_back(TensorType{{static_cast<int64_t>(checks.size() * 2)}, DType::Int64});
   std::vector<BufferPtr> results = runtime().execute(exe, args, types, device);
@@ -507,7 +577,7 @@ void Engine::run_graph(Graph& g) {
     std::vector<TensorType> result_types;
     result_types.reserve(g.roots.size());
     for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
-    results = launch(*compiled->executable, args, result_types, g.device, g.check_entries);
+    results = launch(*compiled->executable, args, result_types, g.device, g.hash, g.check_entries);
   } catch (...) {
     std::rethrow_exception(explain_failure(g, g.stage, std::current_exception()));
   }
@@ -528,7 +598,13 @@ void Engine::run_graph(Graph& g) {
 Engine::CompiledPtr Engine::compile_graph(Graph& g) {
   std::vector<std::string> signature;
   auto compiled = std::make_shared<Compiled>();
-  std::string text = lower_graph(g, &signature, &compiled->checks);
+  std::string text;
+  {
+    TraceSpan span([&] {
+      return TraceEvent{"torchtpu::lower", {{"graph", graph_name(g.hash)}, {"ops", static_cast<int64_t>(g.nodes.size())}}};
+    });
+    text = lower_graph(g, &signature, &compiled->checks);
+  }
   g.stage = Stage::Compiling;
   dump_module(g, text);
   Runtime& rt = runtime();
@@ -536,11 +612,12 @@ Engine::CompiledPtr Engine::compile_graph(Graph& g) {
   options.device = g.device;
   // Executables are bound to their device: the options (device assignment) are in the key.
   CacheKey key = make_cache_key(text, rt.version(), rt.platform(), options.describe());
-  if ((compiled->executable = load_from_disk(key, g.device))) {
+  if ((compiled->executable = load_from_disk(g, key))) {
     compiled->memory_needed = rt.memory_needed(*compiled->executable);
     return compiled;
   }
   if (g.origin.empty() && hooks_.python_origin) g.origin = hooks_.python_origin();
+  TraceSpan span([&] { return compile_event(g, "compiled", hooks_); });
   auto start = std::chrono::steady_clock::now();
   ExecutablePtr exe = rt.compile(text, options);
   metrics_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -636,7 +713,8 @@ bool Engine::compiles_alone(const std::vector<Node*>& nodes, int device, std::st
 }
 
 // The module's text; `signature` gets one line per node (op and operand types) for the
-// recompilation log, `checks` the graph's runtime checks (their flags are its last result).
+// recompilation log, `checks` the graph's runtime checks (their flags are its last result; null:
+// none returned).
 // An operand that is a parameter is read as one even if it is pending (a node lowered alone).
 std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signature, std::vector<CheckSpec>* checks) {
   ModuleBuilder module;
@@ -653,6 +731,7 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
   if (!g.int_scalars.empty())
     int_pack = module.add_argument("%scalars_i", TensorType{{static_cast<int64_t>(g.int_scalars.size())}, DType::Int64});
   ctx.set_scalar_packs(float_pack, int_pack);
+  ctx.set_has_float64(scalar_float_dtype() == DType::Float64);
 
   std::vector<std::vector<V>> node_results(g.nodes.size());
   for (size_t n = 0; n < g.nodes.size(); ++n) {
@@ -673,10 +752,12 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
     node_results[n] = ctx.finish_node(*node);
   }
   std::vector<V> results;
-  for (const ValuePtr& root : g.roots) results.push_back(node_results[g.node_index.at(root->node.get())][root->output_index]);
+  for (const ValuePtr& root : g.roots)
+    results.push_back(root->pending() ? node_results[g.node_index.at(root->node.get())][root->output_index]
+                                      : param_values[g.param_index.at(root.get())]);
   if (g.roots.empty())  // nodes compiled side by side (compiles_alone): all their results
     for (const auto& outputs : node_results) results.insert(results.end(), outputs.begin(), outputs.end());
-  if (!ctx.checks().empty()) {
+  if (checks && !ctx.checks().empty()) {  // export passes none: a module returns only its roots
     std::vector<V> flags;
     for (const auto& c : ctx.checks()) {
       flags.push_back(c.flag);
@@ -684,7 +765,7 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
     }
     results.push_back(ctx.concatenate(flags, 0));
   }
-  return module.text(ctx.body(), results);
+  return module.text(ctx.body(), results, ctx.functions());
 }
 
 void Engine::dump_module(const Graph& g, const std::string& text) {
@@ -697,12 +778,13 @@ void Engine::dump_module(const Graph& g, const std::string& text) {
 }
 
 // The executable stored under `key`, or null (absent, damaged or unloadable: removed).
-ExecutablePtr Engine::load_from_disk(const CacheKey& key, int device) {
+ExecutablePtr Engine::load_from_disk(Graph& g, const CacheKey& key) {
   auto bytes = disk_cache_.load(key, hooks_.warn);
   if (!bytes) return nullptr;
+  TraceSpan span([&] { return compile_event(g, "disk", hooks_); });
   try {
     CompileOptions options;
-    options.device = device;
+    options.device = g.device;
     ExecutablePtr exe = runtime().deserialize(*bytes, options);
     metrics_.cache_hits_disk++;
     return exe;
@@ -770,11 +852,52 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
   run_graph(graph);
   run.executable = memory_cache_.at(graph.hash)->executable;
   run.checks = graph.check_entries;
+  run.graph_hash = graph.hash;
   run.params = graph.params;
   run.float_scalars = graph.float_scalars;
   run.int_scalars = graph.int_scalars;
   for (auto [n, a] : random_nodes) run.random_seed_slots.push_back(graph.lifted_slots[n][a]);
   return run;
+}
+
+// ---- export (see device/export.cpp) ----------------------------------------------------
+
+Engine::ExportedModule Engine::lower_for_export(const std::vector<ValuePtr>& weights,
+                                                const std::vector<ValuePtr>& inputs,
+                                                const std::vector<ValuePtr>& roots, int device) {
+  Graph graph;
+  graph.device = device;
+  graph.donate = false;
+  for (const auto* group : {&weights, &inputs})
+    for (const ValuePtr& v : *group) {
+      if (v->pending()) throw std::logic_error("torchtpu: export got an argument that is not computed yet");
+      graph.param_index.emplace(v.get(), static_cast<int>(graph.params.size()));  // a repeated value reads its first slot
+      graph.params.push_back(v);
+    }
+  graph.roots = roots;
+  collect_nodes(&graph, graph.roots);
+  for (const Node* node : graph.nodes) {
+    const LoweringRule* rule = find_lowering(node->op);
+    if (rule && rule->random)
+      throw std::invalid_argument("torchtpu.export: " + node->op.name() + " draws random numbers, and a module "
+                                  "would draw the same ones on every call (dropout in training mode? call "
+                                  "model.eval() before exporting)");
+  }
+  // Values found while collecting (after weights and inputs) go between them.
+  ExportedModule out;
+  auto first_found = graph.params.begin() + static_cast<std::ptrdiff_t>(weights.size() + inputs.size());
+  out.constants.assign(first_found, graph.params.end());
+  std::vector<ValuePtr> ordered(graph.params.begin(), graph.params.begin() + static_cast<std::ptrdiff_t>(weights.size()));
+  ordered.insert(ordered.end(), out.constants.begin(), out.constants.end());
+  ordered.insert(ordered.end(), inputs.begin(), inputs.end());
+  graph.params = std::move(ordered);
+  graph.param_index.clear();
+  for (size_t p = 0; p < graph.params.size(); ++p) graph.param_index.emplace(graph.params[p].get(), static_cast<int>(p));
+  plan_donation(graph);
+  graph.lifted_slots.assign(graph.nodes.size(), {});  // no scalar packs: scalars are constants
+  std::vector<std::string> signature;
+  out.text = lower_graph(graph, &signature, /*checks=*/nullptr);  // unused checks: XLA drops them
+  return out;
 }
 
 }  // namespace torchtpu

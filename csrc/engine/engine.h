@@ -21,6 +21,14 @@ enum class Mode { Debug, Strict, Fused };
 const char* mode_name(Mode mode);
 Mode parse_mode(const std::string& name);  // throws std::invalid_argument
 
+// Why pending work runs now (profiler events carry it): a value was read (copy to host,
+// .item(), an op in strict mode on a pending operand), the end of an optimizer step, the
+// pending graph reached its size limit, torchtpu.sync() / synchronize, a mode change, or
+// torch.compile starting or ending a captured graph.
+enum class FlushReason { Observation, OptimizerStep, SizeLimit, Sync, ModeChange, TorchCompile };
+const char* flush_reason_name(FlushReason reason);
+FlushReason parse_flush_reason(const std::string& name);  // throws std::invalid_argument
+
 struct Recompilation {
   std::string origin;  // user's Python line that started the graph
   std::string reason;  // what differs from the graph compiled before at that line
@@ -66,7 +74,7 @@ class Engine {
   BufferPtr materialize(const ValuePtr& value);
   // Runs all pending work; with wait, also waits until the device has finished it (and
   // raises the first failed runtime check).
-  void sync(bool wait);
+  void sync(bool wait, FlushReason reason = FlushReason::Sync);
   // Raises the first failed runtime check of finished graphs on `device` (a host wait, such
   // as a download, just ended).
   void raise_failed_checks(int device);
@@ -109,6 +117,7 @@ class Engine {
     std::vector<int64_t> int_scalars;
     std::vector<int> random_seed_slots;     // per random node: int-scalar slot of its seed (offset follows)
     std::vector<CheckQueue::Entry> checks;  // its runtime checks (pass them to launch)
+    uint64_t graph_hash = 0;
   };
   // Compiles (or finds in the caches) and runs the pending graph that computes `roots`
   // (and any other live pending value) on `device`, donating no parameter. The executable's
@@ -119,12 +128,27 @@ class Engine {
   BufferPtr upload_float_scalars(const std::vector<double>& values, int device);
   BufferPtr upload_int_scalars(const std::vector<int64_t>& values, int device);
   // Launches an executable on `args` (parameters, then the scalar packs it takes) and
-  // counts it; sync(wait=true) waits for its results. An executable with runtime checks
-  // returns their flags last: `checks` says what they mean, and they are queued, not returned.
+  // counts it; sync(wait=true) waits for its results. graph_hash names it in traces. An
+  // executable with runtime checks returns their flags last: `checks` says what they mean,
+  // and they are queued, not returned.
   std::vector<BufferPtr> launch(Executable& exe, const std::vector<BufferPtr>& args,
-                                const std::vector<TensorType>& result_types, int device,
+                                const std::vector<TensorType>& result_types, int device, uint64_t graph_hash,
                                 const std::vector<CheckQueue::Entry>& checks = {});
   // ---- end of capture support ---------------------------------------------------------
+
+  // ---- export (used by device/export.cpp) ------------------------------------------------
+  struct ExportedModule {
+    std::string text;                  // @main(weights..., constants..., inputs...) -> roots
+    std::vector<ValuePtr> constants;   // other device values the graph reads, in argument order
+  };
+  // Lowers the pending graph that computes `roots` into a self-contained StableHLO module,
+  // without compiling or running it: its arguments are `weights`, then any other device
+  // value it reads (constants made while it was recorded), then `inputs`; scalar arguments
+  // are constants; nothing is donated. A root may be a weight or input (returned as is).
+  // Random ops are refused (std::invalid_argument): their seeds would be constants.
+  // The caller holds the engine lock.
+  ExportedModule lower_for_export(const std::vector<ValuePtr>& weights, const std::vector<ValuePtr>& inputs,
+                                  const std::vector<ValuePtr>& roots, int device);
 
  private:
   // The steps of running a graph (run_graph), in order.
@@ -137,11 +161,11 @@ class Engine {
   CompiledPtr compile_graph(Graph& graph);
   std::string lower_graph(const Graph& graph, std::vector<std::string>* signature, std::vector<CheckSpec>* checks);
   void dump_module(const Graph& graph, const std::string& text);
-  ExecutablePtr load_from_disk(const CacheKey& key, int device);
+  ExecutablePtr load_from_disk(Graph& graph, const CacheKey& key);
   void note_recompilation(const Graph& graph, std::vector<std::string> signature);
   DType scalar_float_dtype();
 
-  void flush_locked(int device);
+  void flush_locked(int device, FlushReason reason);
 
   // What recording learns about each node signature (Node::hash) the first time it meets it,
   // by lowering the node alone: whether it has runtime checks (its origin is then kept).

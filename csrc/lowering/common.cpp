@@ -100,6 +100,66 @@ V sum_dims(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims) {
   return ctx.reduce(x, dims, zero_like_scalar(ctx, x.type.dtype), "stablehlo.add");
 }
 
+DType compute_dtype(DType dtype) {
+  return dtype == DType::BFloat16 || dtype == DType::Float16 ? DType::Float32 : dtype;
+}
+
+V cumsum_along(LoweringContext& ctx, const V& x, int64_t dim) {
+  int64_t rank = x.type.rank(), n = x.type.shape[dim];
+  if (n <= 1) return x;
+  TensorType scalar{{}, x.type.dtype};
+  const char* add = x.type.dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add";
+  std::string body = ctx.region({scalar, scalar}, [&](const std::vector<V>& a) {
+    return std::vector<V>{ctx.binary(add, a[0], a[1])};
+  });
+  std::vector<int64_t> window(rank, 1);
+  window[dim] = n;
+  std::string padding = "padding = dense<[";
+  for (int64_t i = 0; i < rank; ++i)
+    padding += std::string(i ? ", " : "") + "[" + (i == dim ? std::to_string(n - 1) : "0") + ", 0]";
+  padding += "]> : tensor<" + std::to_string(rank) + "x2xi64>";
+  return ctx.emit("stablehlo.reduce_window", {x, ctx.constant(0, x.type.dtype)}, x.type,
+                  "window_dimensions = " + format_dims(window) + ", " + padding, body);
+}
+
+std::vector<V> sort_stable(LoweringContext& ctx, const std::vector<V>& keys, const std::vector<V>& payload, int64_t dim) {
+  std::vector<V> operands;
+  for (const V& k : keys) operands.push_back(k.type.dtype == DType::Bool ? ctx.convert(k, DType::UInt8) : k);
+  operands.insert(operands.end(), payload.begin(), payload.end());
+  std::vector<TensorType> arg_types, result_types;
+  for (const V& v : operands) {
+    arg_types.push_back(TensorType{{}, v.type.dtype});
+    arg_types.push_back(TensorType{{}, v.type.dtype});
+    result_types.push_back(v.type);
+  }
+  std::string body = ctx.region(arg_types, [&](const std::vector<V>& a) {
+    // less = lt_0 or (eq_0 and (lt_1 or (eq_1 and ...))), built from the last key up.
+    V less;
+    for (int64_t k = static_cast<int64_t>(keys.size()) - 1; k >= 0; --k) {
+      V lhs = a[2 * k], rhs = a[2 * k + 1];
+      V lt = ctx.compare("LT", lhs, rhs), eq = ctx.compare("EQ", lhs, rhs);
+      if (is_floating(lhs.type.dtype)) {
+        V lhs_nan = ctx.compare("NE", lhs, lhs), rhs_nan = ctx.compare("NE", rhs, rhs);
+        lt = ctx.binary("stablehlo.or", lt, ctx.binary("stablehlo.and", rhs_nan, ctx.unary("stablehlo.not", lhs_nan)));
+        eq = ctx.binary("stablehlo.or", eq, ctx.binary("stablehlo.and", lhs_nan, rhs_nan));
+      }
+      less = less.name.empty() ? lt : ctx.binary("stablehlo.or", lt, ctx.binary("stablehlo.and", eq, less));
+    }
+    return std::vector<V>{less};
+  });
+  std::vector<V> sorted = ctx.emit_multi("stablehlo.sort", operands, result_types,
+                                         "dimension = " + std::to_string(dim) + " : i64, is_stable = true", body);
+  for (size_t k = 0; k < keys.size(); ++k)
+    if (keys[k].type.dtype == DType::Bool) sorted[k] = ctx.convert(sorted[k], DType::Bool);
+  return sorted;
+}
+
+V any_true(LoweringContext& ctx, const V& x) {
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < x.type.rank(); ++d) dims.push_back(d);
+  return ctx.reduce(x, dims, ctx.constant_int(0, DType::Bool), "stablehlo.or");
+}
+
 }  // namespace torchtpu
 
 // --- Linear-index gather/scatter ---------------------------------------------------------

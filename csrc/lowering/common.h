@@ -28,6 +28,45 @@ V highest_scalar(LoweringContext& ctx, DType dtype);  // +inf or the largest int
 // Sum over dims (in the accumulation dtype of the input) with optional keepdim reshape to out.
 V sum_dims(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims);
 
+// The dtype float math runs in: f32 for bf16/f16 (PyTorch's CPU kernels compute half types
+// in float and round once), else the dtype itself.
+DType compute_dtype(DType dtype);
+
+// Small expression helper for elementwise formulas: every operand has `shape` and dtype `dt`.
+struct Ex {
+  LoweringContext& c;
+  DType dt;
+  std::vector<int64_t> shape;
+
+  V k(double v) const { return c.constant(v, dt, shape); }
+  V add(const V& a, const V& b) const { return c.binary("stablehlo.add", a, b); }
+  V sub(const V& a, const V& b) const { return c.binary("stablehlo.subtract", a, b); }
+  V mul(const V& a, const V& b) const { return c.binary("stablehlo.multiply", a, b); }
+  V div(const V& a, const V& b) const { return c.binary("stablehlo.divide", a, b); }
+  V max(const V& a, const V& b) const { return c.binary("stablehlo.maximum", a, b); }
+  V min(const V& a, const V& b) const { return c.binary("stablehlo.minimum", a, b); }
+  V un(const char* op, const V& a) const { return c.unary(op, a); }
+  V sel(const V& p, const V& a, const V& b) const { return c.select(p, a, b); }
+  V cmp(const char* dir, const V& a, const V& b) const { return c.compare(dir, a, b); }
+  V isnan(const V& a) const { return c.compare("NE", a, a); }
+  V band(const V& a, const V& b) const { return c.emit("stablehlo.and", {a, b}, a.type); }
+  V bor(const V& a, const V& b) const { return c.emit("stablehlo.or", {a, b}, a.type); }
+  V bnot(const V& a) const { return c.unary("stablehlo.not", a); }
+  // A Tensor or Scalar argument converted to dt and broadcast to shape.
+  V arg(const Node& node, int i) const { return tensor_or_scalar(c, node, i, dt, shape); }
+};
+
+inline Ex make_ex(LoweringContext& ctx, DType dt, const std::vector<int64_t>& shape) { return Ex{ctx, dt, shape}; }
+
+// True when any element of the boolean x is true (a 0-d bool).
+V any_true(LoweringContext& ctx, const V& x);
+// Inclusive prefix sum along `dim` (integer or float x).
+V cumsum_along(LoweringContext& ctx, const V& x, int64_t dim);
+// Sorts along `dim`, stably and ascending, by `keys` compared lexicographically (NaN after
+// every number, NaNs equal to each other); `payload` values (same shape) move alongside.
+// Returns the sorted keys, then the payloads. Bool keys sort as false < true.
+std::vector<V> sort_stable(LoweringContext& ctx, const std::vector<V>& keys, const std::vector<V>& payload, int64_t dim);
+
 }  // namespace torchtpu
 
 // --- Linear-index gather/scatter (added for shape/indexing lowerings) -------------------

@@ -40,22 +40,39 @@ void lower_rsub(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.binary("stablehlo.subtract", b, times_alpha(ctx, node, a, out)));
 }
 
-// div with rounding_mode (None, "trunc", "floor").
+// Floor division of floats as PyTorch computes it: from fmod, so that a // b is consistent
+// with a % b (floor(a / b) can be off by one where a / b rounds to an integer).
+V floor_divide_float(const Ex& e, const V& a, const V& b) {
+  V zero = e.k(0.0);
+  V mod = e.c.binary("stablehlo.remainder", a, b);
+  V div = e.div(e.sub(a, mod), b);
+  V adjust = e.band(e.cmp("NE", mod, zero), e.cmp("NE", e.cmp("LT", b, zero), e.cmp("LT", mod, zero)));
+  div = e.sel(adjust, e.sub(div, e.k(1.0)), div);
+  V floored = e.un("stablehlo.floor", div);
+  floored = e.sel(e.cmp("GT", e.sub(div, floored), e.k(0.5)), e.add(floored, e.k(1.0)), floored);
+  // A zero quotient takes the sign of a / b (1 / -0 is -inf).
+  V quotient = e.div(a, b);
+  V signed_zero = e.sel(e.cmp("LT", e.div(e.k(1.0), quotient), zero), e.k(-0.0), zero);
+  V r = e.sel(e.cmp("NE", div, zero), floored, signed_zero);
+  return e.sel(e.cmp("EQ", b, zero), quotient, r);
+}
+
+// div with rounding_mode (None, "trunc", "floor"); floor_divide (rule data "floor").
 void lower_div(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string mode;
+  std::string mode = rule_data(node) ? rule_data(node) : "";
   if (node.args.size() > 2 && node.args[2].kind == Arg::Kind::String) mode = node.args[2].s;
   if (is_floating(out.dtype)) {
-    V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
-    V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
+    Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
+    V a = e.arg(node, 0), b = e.arg(node, 1);
     V q = ctx.binary("stablehlo.divide", a, b);
     if (mode == "trunc") {
-      V zero = ctx.constant(0, out.dtype, out.shape);
+      V zero = e.k(0);
       q = ctx.select(ctx.compare("LT", q, zero), ctx.unary("stablehlo.ceil", q), ctx.unary("stablehlo.floor", q));
     } else if (mode == "floor") {
-      q = ctx.unary("stablehlo.floor", q);
+      q = floor_divide_float(e, a, b);
     }
-    ctx.set_result(q);
+    ctx.set_result(ctx.convert(q, out.dtype));
     return;
   }
   // Integer division: stablehlo.divide truncates; floor mode adjusts when signs differ.
@@ -154,6 +171,8 @@ LOWERING("aten::div.Tensor", lower_div);
 LOWERING("aten::div.Scalar", lower_div);
 LOWERING("aten::div.Tensor_mode", lower_div);
 LOWERING("aten::div.Scalar_mode", lower_div);
+LOWERING("aten::floor_divide", lower_div, "floor");
+LOWERING("aten::floor_divide.Scalar", lower_div, "floor");
 LOWERING("aten::maximum", lower_binary, "stablehlo.maximum");
 LOWERING("aten::minimum", lower_binary, "stablehlo.minimum");
 

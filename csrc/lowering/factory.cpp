@@ -1,5 +1,7 @@
-// Factory lowerings: arange, linspace, eye. Their Scalar bounds decide the output shape, so
+// Factory lowerings: arange, linspace, logspace, eye. Their Scalar bounds decide the output shape, so
 // they are registered with static_scalars (compile-time constants).
+#include <cmath>
+
 #include "lowering/common.h"
 
 namespace torchtpu {
@@ -71,6 +73,45 @@ void lower_linspace(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.convert(ctx.select(first_half, low, high), out.dtype));
 }
 
+// logspace(start, end, steps, base): base ** linspace's exponents, as PyTorch's CPU kernel
+// forms them (the second half counts back from end); integer results are computed on the
+// host in double, as CPU does, and truncated.
+void lower_logspace(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  int64_t steps = node.args[2].i;
+  double start = node.args[0].as_double(), end = node.args[1].as_double(), base = node.args[3].as_double();
+  if (steps == 0) {
+    ctx.set_result(ctx.constant(0, out.dtype, out.shape));
+    return;
+  }
+  double step = steps == 1 ? 0.0 : (end - start) / static_cast<double>(steps - 1);
+  int64_t halfway = steps / 2;
+  if (!is_floating(out.dtype)) {
+    std::string values;
+    double int_base = static_cast<double>(static_cast<int64_t>(base));
+    int64_t int_start = static_cast<int64_t>(start), int_end = static_cast<int64_t>(end);
+    for (int64_t k = 0; k < steps; ++k) {
+      double exponent = k < halfway ? int_start + step * static_cast<double>(k)
+                                    : int_end - step * static_cast<double>(steps - k - 1);
+      values += (k ? ", " : "") + std::to_string(static_cast<int64_t>(std::pow(int_base, exponent)));
+    }
+    TensorType t{{steps}, DType::Int64};
+    V c = ctx.emit("stablehlo.constant", {}, t, "value = dense<[" + values + "]> : " + t.mlir());
+    ctx.set_result(ctx.convert(c, out.dtype));
+    return;
+  }
+  DType ct = compute_type(out.dtype);
+  auto k = [&](double v) { return ctx.constant(v, ct, out.shape); };
+  V i = ctx.iota(TensorType{out.shape, ct}, 0);
+  V s = k(step);
+  V low = ctx.binary("stablehlo.add", k(start), ctx.binary("stablehlo.multiply", s, i));
+  V back = ctx.binary("stablehlo.subtract", k(static_cast<double>(steps - 1)), i);
+  V high = ctx.binary("stablehlo.subtract", k(end), ctx.binary("stablehlo.multiply", s, back));
+  V exponent = ctx.select(ctx.compare("LT", i, k(static_cast<double>(halfway))), low, high);
+  if (steps == 1) exponent = k(start);
+  ctx.set_result(ctx.convert(ctx.binary("stablehlo.power", k(base), exponent), out.dtype));
+}
+
 // eye(n) / eye.m(n, m)
 void lower_eye(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
@@ -83,6 +124,7 @@ LOWERING("aten::arange", lower_arange, "end", /*static_scalars=*/true);
 LOWERING("aten::arange.start", lower_arange, "start", /*static_scalars=*/true);
 LOWERING("aten::arange.start_step", lower_arange, "start_step", /*static_scalars=*/true);
 LOWERING("aten::linspace", lower_linspace, nullptr, /*static_scalars=*/true);
+LOWERING("aten::logspace", lower_logspace, nullptr, /*static_scalars=*/true);
 LOWERING("aten::eye", lower_eye);
 LOWERING("aten::eye.m", lower_eye);
 

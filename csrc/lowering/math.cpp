@@ -11,35 +11,6 @@
 namespace torchtpu {
 namespace {
 
-// The dtype float math runs in: f32 for bf16/f16, else the dtype itself.
-DType compute_dtype(DType dtype) {
-  return dtype == DType::BFloat16 || dtype == DType::Float16 ? DType::Float32 : dtype;
-}
-
-// Small expression helper: every operand has `shape` and dtype `dt`.
-struct Ex {
-  LoweringContext& c;
-  DType dt;
-  std::vector<int64_t> shape;
-
-  V k(double v) const { return c.constant(v, dt, shape); }
-  V add(const V& a, const V& b) const { return c.binary("stablehlo.add", a, b); }
-  V sub(const V& a, const V& b) const { return c.binary("stablehlo.subtract", a, b); }
-  V mul(const V& a, const V& b) const { return c.binary("stablehlo.multiply", a, b); }
-  V div(const V& a, const V& b) const { return c.binary("stablehlo.divide", a, b); }
-  V max(const V& a, const V& b) const { return c.binary("stablehlo.maximum", a, b); }
-  V min(const V& a, const V& b) const { return c.binary("stablehlo.minimum", a, b); }
-  V un(const char* op, const V& a) const { return c.unary(op, a); }
-  V sel(const V& p, const V& a, const V& b) const { return c.select(p, a, b); }
-  V cmp(const char* dir, const V& a, const V& b) const { return c.compare(dir, a, b); }
-  V isnan(const V& a) const { return c.compare("NE", a, a); }
-  V band(const V& a, const V& b) const { return c.emit("stablehlo.and", {a, b}, a.type); }
-  V bor(const V& a, const V& b) const { return c.emit("stablehlo.or", {a, b}, a.type); }
-  // A Tensor or Scalar argument converted to dt and broadcast to shape.
-  V arg(const Node& node, int i) const { return tensor_or_scalar(c, node, i, dt, shape); }
-};
-
-Ex make_ex(LoweringContext& ctx, DType dt, const std::vector<int64_t>& shape) { return Ex{ctx, dt, shape}; }
 
 // ---------------------------------------------------------------------------------------
 // Float unary functions: out = f(x) computed in compute_dtype(out).
@@ -72,7 +43,6 @@ V float_fn(const Ex& e, const std::string& f, const V& x) {
   if (f == "erfc") return e.un("chlo.erfc", x);
   if (f == "erfinv") return e.un("chlo.erf_inv", x);
   if (f == "lgamma") return e.un("chlo.lgamma", x);
-  if (f == "digamma") return e.un("chlo.digamma", x);
   if (f == "sigmoid") return e.un("stablehlo.logistic", x);
   if (f == "silu") return e.mul(x, e.un("stablehlo.logistic", x));
   if (f == "mish") {
@@ -314,15 +284,6 @@ void lower_round_decimals(LoweringContext& ctx, const Node& node) {
   V r = neg ? e.mul(e.un("stablehlo.round_nearest_even", e.div(x, ten)), ten)
             : e.div(e.un("stablehlo.round_nearest_even", e.mul(x, ten)), ten);
   ctx.set_result(ctx.convert(r, out.dtype));
-}
-
-// polygamma(n, self)
-void lower_polygamma(LoweringContext& ctx, const Node& node) {
-  const TensorType& out = ctx.out(node);
-  Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
-  V x = ctx.convert(ctx.input(node, 1), e.dt);
-  V n = e.k(static_cast<double>(node.args[0].as_int()));
-  ctx.set_result(ctx.convert(ctx.binary("chlo.polygamma", n, x), out.dtype));
 }
 
 // _efficientzerotensor(size, dtype, ...): plain zeros (sgn's derivative for real inputs).
@@ -569,7 +530,6 @@ FLOAT_UNARY(erf);
 FLOAT_UNARY(erfc);
 FLOAT_UNARY(erfinv);
 FLOAT_UNARY(lgamma);
-FLOAT_UNARY(digamma);
 FLOAT_UNARY(sigmoid);
 FLOAT_UNARY(silu);
 FLOAT_UNARY(mish);
@@ -608,7 +568,6 @@ LOWERING("aten::ceil", lower_int_unary, "ceil");
 LOWERING("aten::round", lower_int_unary, "round");
 LOWERING("aten::trunc", lower_int_unary, "trunc");
 LOWERING("aten::round.decimals", lower_round_decimals);
-LOWERING("aten::polygamma", lower_polygamma);
 LOWERING("aten::_efficientzerotensor", lower_zero_tensor);
 
 LOWERING("aten::pow.Tensor_Tensor", lower_pow);

@@ -1,4 +1,4 @@
-// Matrix products: mm, bmm, addmm, baddbmm, mv, addmv, dot, addbmm.
+// Matrix and vector products: mm, bmm, addmm, baddbmm, mv, addmv, dot, vdot, addbmm, cross.
 #include "lowering/common.h"
 
 namespace torchtpu {
@@ -85,7 +85,28 @@ void lower_addmv_addbmm(LoweringContext& ctx, const Node& node) {
   ctx.set_result(beta_self_plus_alpha(ctx, node, product));
 }
 
+// linalg_cross(self, other, dim): the cross product of 3-vectors along dim (inputs broadcast).
+void lower_cross(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
+  V b = to_type(ctx, ctx.input(node, 1), out.dtype, out.shape);
+  int64_t dim = wrap_dim(node.args[2].i, out.rank());
+  auto component = [&](const V& x, int64_t i) {
+    std::vector<int64_t> start(out.rank(), 0), limit = out.shape, ones(out.rank(), 1);
+    start[dim] = i;
+    limit[dim] = i + 1;
+    return ctx.slice(x, start, limit, ones);
+  };
+  auto term = [&](int64_t i, int64_t j) {
+    return ctx.binary("stablehlo.subtract", ctx.binary("stablehlo.multiply", component(a, i), component(b, j)),
+                      ctx.binary("stablehlo.multiply", component(a, j), component(b, i)));
+  };
+  ctx.set_result(ctx.concatenate({term(1, 2), term(2, 0), term(0, 1)}, dim));
+}
+
 LOWERING("aten::mm", lower_matmul);
+LOWERING("aten::vdot", lower_mv_dot);  // real tensors: no conjugate
+LOWERING("aten::linalg_cross", lower_cross);
 LOWERING("aten::mv", lower_mv_dot);
 LOWERING("aten::dot", lower_mv_dot);
 LOWERING("aten::addmv", lower_addmv_addbmm);

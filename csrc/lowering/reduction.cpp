@@ -1,5 +1,5 @@
-// Reductions: sum, mean, prod, var/std (+_mean), max/min (+.dim), amax/amin, argmax/argmin,
-// logsumexp, any/all, linalg_vector_norm, cumsum/cumprod.
+// Reductions: sum, mean, prod, var/std (+_mean), max/min (+.dim), amax/amin, aminmax,
+// argmax/argmin, logsumexp, any/all, linalg_vector_norm, renorm, nansum, trace, cumsum/cumprod.
 // Half-precision floats accumulate in f32 as PyTorch does; keepdim is a final reshape to the
 // meta kernel's output shape (reducing dims does not reorder the remaining elements).
 #include <cmath>
@@ -191,6 +191,81 @@ void lower_logsumexp(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
 }
 
+// aminmax(self, dim?, keepdim) -> (min, max); NaN propagates to both.
+void lower_aminmax(LoweringContext& ctx, const Node& node) {
+  V x = ctx.input(node, 0);
+  std::vector<int64_t> dims = reduced_dims(node, 1, x.type.rank());
+  DType dt = x.type.dtype;
+  V lo = ctx.reduce(x, dims, highest_scalar(ctx, dt), "stablehlo.minimum");
+  V hi = ctx.reduce(x, dims, lowest_scalar(ctx, dt), "stablehlo.maximum");
+  if (is_floating(dt)) {
+    V any_nan = ctx.reduce(ctx.compare("NE", x, x), dims, ctx.constant(0, DType::Bool), "stablehlo.or");
+    lo = ctx.select(any_nan, ctx.constant(NAN, dt, lo.type.shape), lo);
+    hi = ctx.select(any_nan, ctx.constant(NAN, dt, hi.type.shape), hi);
+  }
+  ctx.set_results({ctx.reshape(lo, ctx.out(node, 0).shape), ctx.reshape(hi, ctx.out(node, 1).shape)});
+}
+
+// nansum(self, dim?, keepdim, dtype?): NaN counts as zero.
+void lower_nansum(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  std::vector<int64_t> dims = reduced_dims(node, 1, x.type.rank());
+  DType acc = acc_dtype(out.dtype);
+  V xa = ctx.convert(x, acc);
+  if (is_floating(acc)) xa = ctx.select(ctx.compare("NE", xa, xa), ctx.constant(0, acc, xa.type.shape), xa);
+  ctx.set_result(ctx.reshape(ctx.convert(sum_dims(ctx, xa, dims), out.dtype), out.shape));
+}
+
+// trace(self): the sum of a matrix's diagonal.
+void lower_trace(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.convert(ctx.input(node, 0), acc_dtype(out.dtype));
+  TensorType it{x.type.shape, DType::Int64};
+  V diagonal = ctx.compare("EQ", ctx.iota(it, 0), ctx.iota(it, 1));
+  V kept = ctx.select(diagonal, x, ctx.constant(0, x.type.dtype, x.type.shape));
+  ctx.set_result(ctx.convert(sum_dims(ctx, kept, {0, 1}), out.dtype));
+}
+
+// trace_backward(grad, sizes): grad on the diagonal.
+void lower_trace_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  TensorType it{out.shape, DType::Int64};
+  V diagonal = ctx.compare("EQ", ctx.iota(it, 0), ctx.iota(it, 1));
+  V g = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
+  ctx.set_result(ctx.select(diagonal, g, ctx.constant(0, out.dtype, out.shape)));
+}
+
+// renorm(self, p, dim, maxnorm): each slice along dim whose p-norm exceeds maxnorm is scaled
+// to maxnorm (by maxnorm / (norm + 1e-7), as CPU does).
+void lower_renorm(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  DType acc = acc_dtype(out.dtype);
+  V x = ctx.convert(ctx.input(node, 0), acc);
+  double p = node.args[1].as_double();
+  int64_t dim = wrap_dim(node.args[2].i, x.type.rank());
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < x.type.rank(); ++d)
+    if (d != dim) dims.push_back(d);
+  V a = ctx.unary("stablehlo.abs", x);
+  V norm;
+  if (std::isinf(p)) {
+    norm = ctx.reduce(a, dims, p > 0 ? lowest_scalar(ctx, acc) : highest_scalar(ctx, acc),
+                      p > 0 ? "stablehlo.maximum" : "stablehlo.minimum");
+  } else if (p == 1) {
+    norm = sum_dims(ctx, a, dims);
+  } else {
+    V pw = ctx.binary("stablehlo.power", a, ctx.constant(p, acc, a.type.shape));
+    V s = sum_dims(ctx, pw, dims);
+    norm = ctx.binary("stablehlo.power", s, ctx.constant(1.0 / p, acc, s.type.shape));
+  }
+  V maxnorm = ctx.broadcast_to(ctx.scalar(node, 3, acc), norm.type.shape);
+  V factor = ctx.binary("stablehlo.divide", maxnorm,
+                        ctx.binary("stablehlo.add", norm, ctx.constant(1e-7, acc, norm.type.shape)));
+  factor = ctx.select(ctx.compare("GT", norm, maxnorm), factor, ctx.constant(1, acc, norm.type.shape));
+  ctx.set_result(ctx.convert(ctx.binary("stablehlo.multiply", x, unreduce(ctx, factor, x, dims)), out.dtype));
+}
+
 // any / all (self) (.dim, .dims)
 void lower_any_all(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
@@ -295,6 +370,11 @@ LOWERING("aten::norm.Scalar", lower_vector_norm, "all", /*static_scalars=*/true)
 LOWERING("aten::norm.ScalarOpt_dtype", lower_vector_norm, "all", /*static_scalars=*/true);
 LOWERING("aten::norm.ScalarOpt_dim", lower_vector_norm, nullptr, /*static_scalars=*/true);
 LOWERING("aten::norm.ScalarOpt_dim_dtype", lower_vector_norm, nullptr, /*static_scalars=*/true);
+LOWERING("aten::aminmax", lower_aminmax);
+LOWERING("aten::nansum", lower_nansum);
+LOWERING("aten::trace", lower_trace);
+LOWERING("aten::trace_backward", lower_trace_backward);
+LOWERING("aten::renorm", lower_renorm, nullptr, /*static_scalars=*/false);
 LOWERING("aten::cumsum", lower_cumulative, "sum");
 LOWERING("aten::cumprod", lower_cumulative, "prod");
 

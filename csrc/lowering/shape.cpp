@@ -388,7 +388,21 @@ void lower_index_pad_backward(LoweringContext& ctx, const Node& node) {
   ctx.set_result(scatter_linear(ctx, ctx.constant(0, out.dtype, out.shape), idx, grad, "stablehlo.add"));
 }
 
+// channel_shuffle / native_channel_shuffle(self, groups): channels [g, C/g] -> [C/g, g].
+void lower_channel_shuffle(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  int64_t groups = node.args[1].i, channels = x.type.shape[1];
+  std::vector<int64_t> split{x.type.shape[0], groups, channels / groups};
+  for (int64_t d = 2; d < x.type.rank(); ++d) split.push_back(x.type.shape[d]);
+  std::vector<int64_t> perm{0, 2, 1};
+  for (int64_t d = 3; d < static_cast<int64_t>(split.size()); ++d) perm.push_back(d);
+  ctx.set_result(ctx.reshape(ctx.transpose(ctx.reshape(x, split), perm), out.shape));
+}
+
 LOWERING("aten::view_copy", lower_reshape);
+LOWERING("aten::channel_shuffle", lower_channel_shuffle);
+LOWERING("aten::native_channel_shuffle", lower_channel_shuffle);
 LOWERING("aten::_unsafe_view", lower_reshape);
 LOWERING("aten::_reshape_alias_copy", lower_reshape);
 LOWERING("aten::unsqueeze_copy", lower_reshape);

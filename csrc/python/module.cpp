@@ -6,12 +6,16 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "device/capture.h"
+#include "device/export.h"
 #include "device/generator.h"
+#include "device/interop.h"
 #include "device/kernels.h"
 #include "device/snapshot.h"
+#include "device/profiler.h"
 #include "device/tensor.h"
 #include "engine/engine.h"
 #include "lowering/registry.h"
+#include "lowering/stablehlo_call.h"
 #include "runtime/jaxlib_runtime.h"
 
 namespace py = pybind11;
@@ -112,6 +116,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torchtpu core: device, engine, lowerings and runtime";
   register_kernels();
   register_hooks();
+  install_profiler_tracer();
   Engine::get().hooks().python_origin = python_origin;
   Engine::get().hooks().warn = python_warn;
   Engine::get().hooks().without_gil = without_gil;
@@ -127,10 +132,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_mode", [](const std::string& mode) { Engine::get().set_mode(parse_mode(mode)); },
         py::call_guard<py::gil_scoped_release>());
   m.def("get_mode", [] { return std::string(mode_name(Engine::get().mode())); });
-  m.def("sync", [](bool wait) { translate_errors([&] { Engine::get().sync(wait); }); }, py::arg("wait") = false,
-        py::call_guard<py::gil_scoped_release>());
+  m.def("sync", [](bool wait, const std::string& reason) { translate_errors([&] { Engine::get().sync(wait, parse_flush_reason(reason)); }); },
+        py::arg("wait") = false, py::arg("reason") = "sync", py::call_guard<py::gil_scoped_release>());
   m.def("pending_ops", [] { return Engine::get().pending_ops(); });
   m.def("counters", &counters);
+  // torchtpu.profiler.trace: the attributes of the spans recorded meanwhile.
+  m.def("start_span_log", &start_span_log);
+  m.def("take_span_log", [] {
+    py::list out;
+    for (LoggedSpan& span : take_span_log()) {
+      py::dict attributes;
+      for (TraceAttribute& a : span.attributes)
+        attributes[py::str(a.name)] = std::visit([](auto& v) { return py::cast(v); }, a.value);
+      out.append(py::make_tuple(span.thread, span.name, attributes));
+    }
+    return out;
+  });
   m.def("recompilations", &recompilations);
   m.def("reset_metrics", [] {
     Engine::get().reset_metrics();
@@ -158,6 +175,39 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("initial_seed", [](int d) { return default_generator(d).current_seed(); });
   m.def("default_generator", [](int d) { return default_generator(d); });
+
+  // ---- JAX interop (torchtpu/jax.py) -------------------------------------------------------
+  m.def("to_jax", [](const at::Tensor& t) {
+    _object* array;
+    {
+      py::gil_scoped_release release;  // a flush may run; the runtime takes the GIL itself
+      array = tensor_to_jax(t);
+    }
+    return py::reinterpret_steal<py::object>(array);
+  });
+  m.def("from_jax", [](const py::object& array) {
+    py::gil_scoped_release release;
+    return tensor_from_jax(array.ptr());
+  });
+  // Registers a StableHLO module (text) for calls; returns its key.
+  m.def("register_stablehlo", [](const std::string& name, const std::string& text) {
+    try {
+      return register_stablehlo_module(name, text);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  });
+  // Result types of a registered module: [(shape, dtype code)].
+  m.def("stablehlo_results", [](const std::string& key) {
+    py::list out;
+    for (const TensorType& t : registered_stablehlo_module(key).results)
+      out.append(py::make_tuple(t.shape, static_cast<int>(t.dtype)));
+    return out;
+  });
+  m.def("call_stablehlo", [](const std::string& key, const std::vector<at::Tensor>& inputs) {
+    py::gil_scoped_release release;
+    return call_stablehlo(key, inputs);
+  });
 
   // ---- optimizer steps as transactions (device/snapshot.h, torchtpu/_patches.py) ----------
   py::class_<ValueSnapshot>(m, "_ValueSnapshot");
@@ -228,4 +278,18 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   // ---- end of torch.compile block ---------------------------------------------------------
+
+  // ---- torchtpu.export (device/export.h, torchtpu/export.py) -------------------------------
+  m.def("export_begin", &export_begin, py::call_guard<py::gil_scoped_release>());
+  m.def("export_end", [](const py::sequence& weights, const py::sequence& inputs, const py::sequence& outputs) {
+    auto w = tensors_of(weights), i = tensors_of(inputs), o = tensors_of(outputs);
+    ExportedGraph graph;
+    {
+      py::gil_scoped_release release;
+      graph = export_end(w, i, o);
+    }
+    py::list constants;
+    for (const at::Tensor& t : graph.constants) constants.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+    return py::make_tuple(graph.text, constants);
+  });
 }

@@ -108,6 +108,12 @@ class JaxlibRuntime final : public Runtime {
   }
 
   const std::string& platform() const override { return platform_; }
+  // The torchtpu index of a jax device, or -1 if it is not one of this client's devices.
+  int device_index(py::handle device) const {
+    for (size_t i = 0; i < devices_.size(); ++i)
+      if (py::object(devices_[i]).equal(device)) return static_cast<int>(i);
+    return -1;
+  }
   int device_count() const override { return static_cast<int>(devices_.size()); }
   const std::string& version() const override { return version_; }
   bool has_float64() const override { return platform_ != "tpu"; }
@@ -320,7 +326,56 @@ class JaxlibRuntime final : public Runtime {
 
 std::mutex g_init_mutex;
 
+JaxlibRuntime& jaxlib_runtime() {
+  auto* rt = dynamic_cast<JaxlibRuntime*>(&runtime());
+  if (!rt) throw std::logic_error("torchtpu: JAX interop needs the jaxlib runtime");
+  return *rt;
+}
+
+// The DType of a numpy dtype name ("float32", "bfloat16", ...), as dtype_name() spells them.
+DType dtype_named(const std::string& name) {
+  for (int code = 0; code < 32; ++code) {
+    if (is_supported_dtype(code) && name == dtype_name(static_cast<DType>(code))) return static_cast<DType>(code);
+  }
+  throw std::invalid_argument("torchtpu.from_jax: dtype " + name +
+                              " has no tpu tensor dtype (supported: float32, bfloat16, float16, float64, "
+                              "int64, int32, int16, int8, uint8, bool)");
+}
+
 }  // namespace
+
+_object* jax_array_of(const DeviceBuffer& buffer) {
+  py::gil_scoped_acquire gil;
+  return static_cast<const JaxBuffer&>(buffer).array.inc_ref().ptr();
+}
+
+BufferPtr buffer_of_jax_array(_object* object) {
+  JaxlibRuntime& rt = jaxlib_runtime();
+  py::gil_scoped_acquire gil;
+  py::handle array(object);
+  py::object array_type = py::module_::import("jax").attr("Array");
+  if (!py::isinstance(array, array_type))
+    throw std::invalid_argument("torchtpu.from_jax expects a jax.Array, got " +
+                                py::str(py::type::of(array).attr("__name__")).cast<std::string>());
+  try {
+    if (array.attr("is_deleted")().cast<bool>())
+      throw std::invalid_argument("torchtpu.from_jax: the jax.Array has been deleted (donated or freed)");
+    py::list devices(py::module_::import("builtins").attr("list")(array.attr("devices")()));
+    if (devices.size() != 1)
+      throw std::invalid_argument("torchtpu.from_jax: the jax.Array spans " + std::to_string(devices.size()) +
+                                  " devices; pass one shard (array.addressable_shards[i].data)");
+    int index = rt.device_index(devices[0]);
+    if (index < 0)
+      throw std::invalid_argument("torchtpu.from_jax: the jax.Array is on " + py::str(devices[0]).cast<std::string>() +
+                                  ", not on a device of torchtpu's platform " + rt.platform() +
+                                  "; jax.device_put it onto one of those first");
+    TensorType type{array.attr("shape").cast<std::vector<int64_t>>(),
+                    dtype_named(py::str(array.attr("dtype")).cast<std::string>())};
+    return std::make_shared<JaxBuffer>(py::reinterpret_borrow<py::object>(array), type, index);
+  } catch (py::error_already_set& e) {
+    rethrow("sharing a jax.Array", e);
+  }
+}
 
 void init_runtime(const std::string& requested_platform, int cpu_device_count) {
   std::lock_guard<std::mutex> lock(g_init_mutex);

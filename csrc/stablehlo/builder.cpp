@@ -63,6 +63,15 @@ const char* compare_type(DType dtype) {
 
 std::string LoweringContext::fresh_name() { return "%" + std::to_string(counter_++); }
 
+void LoweringContext::define_functions(const std::string& key, const std::string& definitions) {
+  if (defined_functions_.insert(key).second) functions_ += definitions;
+}
+
+std::vector<V> LoweringContext::call(const std::string& function, const std::vector<V>& operands,
+                                     const std::vector<TensorType>& results) {
+  return emit_multi("func.call", operands, results, "callee = @\"" + function + "\"");
+}
+
 void LoweringContext::begin_node(const Node& node, std::vector<V> operands, std::vector<int> lifted_slots) {
   operands_ = std::move(operands);
   lifted_slots_ = std::move(lifted_slots);
@@ -108,7 +117,8 @@ V LoweringContext::scalar(const Node& node, int arg, DType dtype) { return scala
 
 V LoweringContext::scalar_at(const Node& node, int arg, size_t index, DType dtype) {
   const Arg& a = node.args.at(arg);
-  if (!a.lifted) {
+  // Not lifted, or lifted but the graph has no scalar packs (an exported module): a constant.
+  if (!a.lifted || lifted_slots_.empty()) {
     if (a.kind == Arg::Kind::DoubleList) return constant(a.doubles.at(index), dtype);
     if (a.kind == Arg::Kind::IntList) return constant_int(a.ints.at(index), dtype);
     if (a.kind == Arg::Kind::Double) return constant(a.d, dtype);

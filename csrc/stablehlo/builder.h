@@ -4,6 +4,7 @@
 // uniform, deterministic and easy to diff.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,11 +33,19 @@ struct RuntimeCheck {
 class LoweringContext {
  public:
   // --- set up by the graph builder -------------------------------------------------------
+  // lifted_slots: per argument, its first slot in the scalar packs; empty when the graph has
+  // no packs (every scalar argument is then a constant).
   void begin_node(const Node& node, std::vector<V> operands, std::vector<int> lifted_slots);
   std::vector<V> finish_node(const Node& node);
   void set_scalar_packs(V floats, V ints) { float_pack_ = std::move(floats); int_pack_ = std::move(ints); }
   V parameter(const std::string& name, const TensorType& type) { return V{name, type}; }
+  // Whether the platform computes in float64 (TPUs do not): lowerings that follow a CPU
+  // kernel's double accumulation use it where it exists.
+  void set_has_float64(bool value) { has_float64_ = value; }
+  bool has_float64() const { return has_float64_; }
   const std::string& body() const { return body_; }
+  // Functions the body calls, defined beside @main (ModuleBuilder::text places them).
+  const std::string& functions() const { return functions_; }
 
   // --- inputs of the current node ----------------------------------------------------------
   V input(const Node& node, int arg) const;                      // Tensor argument
@@ -74,6 +83,15 @@ class LoweringContext {
   template <typename F>
   std::string region(const std::vector<TensorType>& arg_types, F body);
   std::string fresh_name();
+  // stablehlo.while over loop-carried values: `cond` maps them to a 0-d bool (keep going),
+  // `body` to their next values (same types). Returns the final values.
+  template <typename C, typename B>
+  std::vector<V> while_loop(const std::vector<V>& init, C cond, B body);
+  // Adds function definitions to the module, once per key (several calls share them).
+  void define_functions(const std::string& key, const std::string& definitions);
+  // "func.call" of a function defined with define_functions.
+  std::vector<V> call(const std::string& function, const std::vector<V>& operands,
+                      const std::vector<TensorType>& results);
 
   // --- helpers ----------------------------------------------------------------------------
   V constant(double value, DType dtype, const std::vector<int64_t>& shape = {});
@@ -105,12 +123,15 @@ class LoweringContext {
   void append(const std::string& line) { body_ += line; }
 
   std::string body_;
+  std::string functions_;
+  std::set<std::string> defined_functions_;
   int counter_ = 0;
   int rng_calls_ = 0;
   std::vector<V> operands_;
   std::vector<int> lifted_slots_;
   std::vector<V> results_;
   V float_pack_, int_pack_;
+  bool has_float64_ = true;
   const Node* node_ = nullptr;  // the node being lowered
   std::vector<EmittedCheck> checks_;
 };
@@ -139,6 +160,15 @@ std::string LoweringContext::region(const std::vector<TensorType>& arg_types, F 
   }
   ret += ") : (" + types + ") -> ()\n";
   return header + inner + ret + "}";
+}
+
+template <typename C, typename B>
+std::vector<V> LoweringContext::while_loop(const std::vector<V>& init, C cond, B body) {
+  std::vector<TensorType> types;
+  for (const V& v : init) types.push_back(v.type);
+  std::string cond_region = region(types, [&](const std::vector<V>& args) { return std::vector<V>{cond(args)}; });
+  std::string body_region = region(types, body);
+  return emit_multi("stablehlo.while", init, types, "", cond_region + ", " + body_region);
 }
 
 }  // namespace torchtpu

@@ -28,7 +28,8 @@ void ModuleBuilder::set_argument_attribute(size_t index, const std::string& name
   arguments_[index].attributes.emplace_back(name, value);
 }
 
-std::string ModuleBuilder::text(const std::string& body, const std::vector<V>& results) const {
+std::string ModuleBuilder::text(const std::string& body, const std::vector<V>& results,
+                                const std::string& functions) const {
   std::string s = "module @torchtpu attributes {";
   bool first = true;
   for (const auto& [name, value] : attributes_) {
@@ -51,7 +52,7 @@ std::string ModuleBuilder::text(const std::string& body, const std::vector<V>& r
     types += (r ? ", " : "") + results[r].type.mlir();
   }
   s += ") -> (" + types + ") {\n" + body;
-  s += "    \"func.return\"(" + values + ") : (" + types + ") -> ()\n  }\n}\n";
+  s += "    \"func.return\"(" + values + ") : (" + types + ") -> ()\n  }\n" + functions + "}\n";
   return s;
 }
 

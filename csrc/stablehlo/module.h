@@ -25,8 +25,8 @@ class ModuleBuilder {
   void set_argument_attribute(size_t index, const std::string& name, const std::string& value);
 
   // The module's text: @main(arguments) -> types of `results`, with `body` (ops that
-  // compute `results` from the arguments).
-  std::string text(const std::string& body, const std::vector<V>& results) const;
+  // compute `results` from the arguments), then `functions` (definitions the body calls).
+  std::string text(const std::string& body, const std::vector<V>& results, const std::string& functions = "") const;
 
  private:
   struct Argument {

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/trace.h"
 #include "lowering/registry.h"
+#include "lowering/stablehlo_call.h"
 #include "runtime/runtime.h"
 
 using namespace torchtpu;
@@ -319,6 +321,76 @@ void test_a_result_larger_than_the_device_raises_at_the_op(FakeRuntime& rt) {
   CHECK(error_of([&] { e.set_memory_fraction(0, 1.5); }) != "");
 }
 
+// Records the spans the engine opens (name, attributes, nesting depth) while enabled.
+class FakeTracer final : public Tracer {
+ public:
+  struct Span {
+    std::string name;
+    std::vector<TraceAttribute> attributes;
+    int depth = 0;
+    std::string text(const std::string& key) const {
+      for (const auto& a : attributes)
+        if (a.name == key) {
+          if (auto* s = std::get_if<std::string>(&a.value)) return *s;
+          if (auto* i = std::get_if<int64_t>(&a.value)) return std::to_string(*i);
+        }
+      return "<none>";
+    }
+  };
+  bool on = false;
+  int depth = 0;
+  std::vector<Span> spans;
+  bool enabled() const override { return on; }
+  std::unique_ptr<TraceScope> begin(TraceEvent event) override {
+    spans.push_back(Span{event.name, event.attributes, depth});
+    return std::make_unique<Scope>(this);
+  }
+
+ private:
+  struct Scope final : TraceScope {
+    explicit Scope(FakeTracer* t) : tracer(t) { ++tracer->depth; }
+    ~Scope() override { --tracer->depth; }
+    FakeTracer* tracer;
+  };
+};
+
+// A fused flush opens flush > (lower, compile#compiled, scalar upload, execute); the next
+// one finds the executable in memory. A disabled tracer sees nothing.
+void test_spans_of_a_flush(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  e.clear_memory_cache();
+  FakeTracer tracer;
+  install_tracer(&tracer);
+  ValuePtr x = input(rt, kMatrix), y = input(rt, kMatrix);
+  e.materialize(record_add_scale_sum(x, y, 1.5));  // disabled: no span, not even described
+  CHECK(tracer.spans.empty());
+  e.clear_memory_cache();
+  tracer.on = true;
+  e.materialize(record_add_scale_sum(x, y, 1.5));
+  e.materialize(record_add_scale_sum(x, y, 2.5));
+  e.sync(true, FlushReason::OptimizerStep);
+  install_tracer(nullptr);
+  std::vector<std::string> names;
+  for (const auto& s : tracer.spans) names.push_back(s.name + "@" + std::to_string(s.depth));
+  std::vector<std::string> expected = {
+      "torchtpu::flush#observation@0", "torchtpu::lower@1", "torchtpu::compile#compiled@1",
+      "torchtpu::transfer#to_device@1", "torchtpu::execute@1",
+      "torchtpu::flush#observation@0", "torchtpu::compile#memory@1", "torchtpu::transfer#to_device@1",
+      "torchtpu::execute@1", "torchtpu::wait@0"};
+  CHECK(names == expected);
+  if (names != expected)
+    for (const auto& n : names) std::fprintf(stderr, "  span %s\n", n.c_str());
+  if (names.size() != expected.size()) return;
+  const auto& flush = tracer.spans[0];
+  CHECK(flush.text("reason") == "observation" && flush.text("ops") == "3" && flush.text("outputs") == "1");
+  const auto& compile = tracer.spans[2];
+  CHECK(compile.text("cache") == "compiled" && compile.text("ops") == "3" && compile.text("graph").size() == 16);
+  CHECK(tracer.spans[4].text("graph") == compile.text("graph"));  // execute names the same graph
+  CHECK(tracer.spans[6].text("graph") == compile.text("graph"));  // so does the memory hit
+  CHECK(tracer.spans[3].text("bytes") == "8" && tracer.spans[3].text("what") == "scalars");
+  CHECK(tracer.spans[9].text("reason") == "optimizer_step");
+}
+
 void test_op_kinds_are_interned() {
   OpKind a = OpKind::intern("aten::add.Tensor"), b = OpKind::intern(std::string("aten::add.Tensor"));
   CHECK(a == b && a.id() == b.id() && a.id() > 0);
@@ -326,6 +398,106 @@ void test_op_kinds_are_interned() {
   CHECK(find_lowering(a) == find_lowering("aten::add.Tensor"));
   CHECK(!find_lowering(OpKind::intern("test::no_such_op")));
   CHECK(OpKind().name() == "<no op>" && !OpKind());
+}
+
+
+// A buffer also held outside torchtpu (a jax.Array) is never donated: donating would delete
+// the other holder's array.
+void test_shared_buffer_is_not_donated(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  e.reset_metrics();
+  ValuePtr x = input(rt, kMatrix);
+  x->buffer->shared_outside = true;
+  ValuePtr y = e.record(op("aten::mul.Scalar"), {Arg::tensor(0), Arg::real(3.0, true)}, {x}, {kMatrix}, 0)[0];
+  std::weak_ptr<DeviceBuffer> x_buffer = x->buffer;
+  x.reset();
+  e.materialize(y);
+  CHECK(!contains(rt.compiled.back(), "tf.aliasing_output"));
+  CHECK(e.metrics().donated_buffers == 0);
+}
+
+// What jax.jit(f).lower(...).as_text() looks like: a public @main calling a private
+// function, a custom call whose target is a symbol that is not a function, and strings
+// holding '@', braces and quotes.
+const char* kJaxModule = R"(module @jit_f attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%arg0: tensor<2x3xf32> {mhlo.layout_mode = "{default}"}, %arg1: tensor<i64>) -> (tensor<2x3xf32> {jax.result_info = "result[0]"}, tensor<3xi1> {jax.result_info = "result[1]"}) {
+    %0 = call @helper(%arg0) : (tensor<2x3xf32>) -> tensor<2x3xf32>
+    %1 = stablehlo.custom_call @target_fn(%0) {backend_config = "@helper \"}{\""} : (tensor<2x3xf32>) -> tensor<3xi1>
+    return %0, %1 : tensor<2x3xf32>, tensor<3xi1>
+  }
+  func.func private @helper(%arg0: tensor<2x3xf32>) -> tensor<2x3xf32> {
+    %0 = stablehlo.add %arg0, %arg0 : tensor<2x3xf32>
+    return %0 : tensor<2x3xf32>
+  }
+}
+)";
+
+void test_imported_module_is_renamed_and_private() {
+  ImportedModule m = import_module(kJaxModule, "k1_");
+  CHECK(m.entry == "k1_main");
+  CHECK(m.arguments.size() == 2 && m.arguments[0] == kMatrix && m.arguments[1] == (TensorType{{}, DType::Int64}));
+  CHECK(m.results.size() == 2 && m.results[1] == (TensorType{{3}, DType::Bool}));
+  CHECK(contains(m.definitions, "func.func private @\"k1_main\"(%arg0: tensor<2x3xf32>"));
+  CHECK(contains(m.definitions, "func.func private @\"k1_helper\"(%arg0"));
+  CHECK(contains(m.definitions, "call @\"k1_helper\"(%arg0)"));
+  CHECK(contains(m.definitions, "custom_call @target_fn(%0)"));             // not a function: kept
+  CHECK(contains(m.definitions, "backend_config = \"@helper \\\"}{\\\"\""));  // strings untouched
+  CHECK(!contains(m.definitions, "public") && !contains(m.definitions, "module"));
+  // A single unparenthesized result type.
+  ImportedModule single = import_module(
+      "module {\n  func.func @main(%a: tensor<4xbf16>) -> tensor<4xbf16> {\n    return %a : tensor<4xbf16>\n  }\n}\n", "k2_");
+  CHECK(single.results.size() == 1 && single.results[0] == (TensorType{{4}, DType::BFloat16}));
+  CHECK(contains(single.definitions, "func.func private @\"k2_main\"(%a"));
+}
+
+std::string import_error(const std::string& text) {
+  try {
+    import_module(text, "p_");
+  } catch (const std::invalid_argument& err) {
+    return err.what();
+  }
+  return "";
+}
+
+void test_unimportable_modules_are_named() {
+  CHECK(contains(import_error("module {\n  sdy.mesh @mesh = <[\"x\"=2]>\n  func.func @main() -> tensor<f32> {\n  }\n}"),
+                 "top-level sdy.mesh"));
+  CHECK(contains(import_error("module {\n  func.func @main(%a: tensor<?xf32>) -> tensor<f32> {\n  }\n}"),
+                 "dynamic dimension"));
+  CHECK(contains(import_error("module {\n  func.func @main(%a: tensor<2xui32>) -> tensor<f32> {\n  }\n}"),
+                 "element type ui32"));
+  CHECK(contains(import_error("module {\n  func.func @main(%a: !stablehlo.token) -> tensor<f32> {\n  }\n}"),
+                 "of type !stablehlo.token"));
+  CHECK(contains(import_error("module {\n  func.func @f() -> tensor<f32> {\n  }\n}"), "no @main"));
+  CHECK(contains(import_error("#loc = loc(unknown)\nmodule {\n}"), "attribute aliases"));
+}
+
+// Two calls of one registered module in a graph: its functions are defined once, each node
+// is a func.call of the renamed @main.
+void test_stablehlo_calls_are_inlined_once(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  std::string key = register_stablehlo_module("my f", kJaxModule);
+  CHECK(key.rfind("my_f_", 0) == 0 && key.size() == 5 + 16);
+  CHECK(register_stablehlo_module("my f", kJaxModule) == key);  // same text, same key
+  ValuePtr x = input(rt, kMatrix);
+  ValuePtr n = input(rt, TensorType{{}, DType::Int64});
+  Arg inputs;
+  inputs.kind = Arg::Kind::TensorList;
+  inputs.operands = {0, 1};
+  Arg name;
+  name.kind = Arg::Kind::String;
+  name.s = key;
+  const ImportedModule& m = registered_stablehlo_module(key);
+  OpKind call = op(kCallStablehlo);
+  std::vector<ValuePtr> first = e.record(call, {inputs, name}, {x, n}, m.results, 0);
+  std::vector<ValuePtr> second = e.record(call, {inputs, name}, {first[0], n}, m.results, 0);
+  e.materialize(second[1]);
+  const std::string& text = rt.compiled.back();
+  size_t definition = text.find("func.func private @\"" + key + "_main\"");
+  CHECK(definition != std::string::npos && text.find("func.func private @\"" + key + "_main\"", definition + 1) == std::string::npos);
+  CHECK(definition > text.find("\"func.return\""));  // defined after @main, inside the module
+  CHECK(contains(text, "= \"func.call\"(%arg0, %arg1) {callee = @\"" + key + "_main\"} : (tensor<2x3xf32>, tensor<i64>) -> (tensor<2x3xf32>, tensor<3xi1>)"));
+  CHECK(contains(text, "= \"func.call\"(%0#0, %arg1) {callee = @\"" + key + "_main\"}"));
 }
 
 }  // namespace
@@ -340,6 +512,11 @@ int main() {
     test_platform_without_f64_lifts_f32_scalars(*rt);
     test_strict_mode_runs_each_op_at_once(*rt);
     test_wrong_output_type_is_reported(*rt);
+    test_shared_buffer_is_not_donated(*rt);
+    test_imported_module_is_renamed_and_private();
+    test_unimportable_modules_are_named();
+    test_stablehlo_calls_are_inlined_once(*rt);
+    test_spans_of_a_flush(*rt);
     test_a_failed_compile_is_a_transaction(*rt);
     test_a_failed_run_is_a_transaction(*rt);
     test_a_result_larger_than_the_device_raises_at_the_op(*rt);

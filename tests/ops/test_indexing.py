@@ -1,6 +1,6 @@
 """Indexing ops: advanced indexing and index_put, index_select, gather/scatter and their
 reductions, index_add, masked ops, embedding, one_hot, sort/topk; data-dependent ops
-(nonzero, masked_select) run on the counted CPU fallback."""
+(nonzero, masked_select, x[mask]) are in test_data_dependent.py."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -108,18 +108,3 @@ def test_index_zero_dim(mode):
     s = torch.tensor(1.5, requires_grad=True)
     check(group(lambda s: s.index_select(0, torch.tensor([0])), lambda s: s.gather(0, torch.tensor(0)),
                 lambda s: s.sort()), s, grad=True)
-
-
-def test_data_dependent_ops_fall_back(mode):
-    x = torch.tensor([[0.0, 1.5, -2.0], [3.0, 0.0, 0.0]])
-    before = dict(torchtpu.metrics.counters()["fallback_ops"])
-    out = check(lambda t: (t.nonzero(), t.masked_select(t > 0)), x, no_fallback=False)
-    after = torchtpu.metrics.counters()["fallback_ops"]
-    assert after.get("aten::nonzero", 0) > before.get("aten::nonzero", 0)
-    assert after.get("aten::masked_select", 0) > before.get("aten::masked_select", 0)
-    assert out[0].device.type == "tpu"
-
-
-def test_bool_mask_index_falls_back(mode):
-    x = torch.randn(4, 5)
-    check(lambda t: (t[t > 0], F.one_hot((t > 0).long().sum(1))), x, no_fallback=False)

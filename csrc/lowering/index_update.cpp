@@ -1,0 +1,144 @@
+// Index-driven updates and reads beyond indexing.cpp's: take and put (flat positions),
+// index_fill, index_copy and index_reduce (slices along a dim). Every index goes through
+// `position_along`, the one place an index meets its dimension's size.
+#include <string>
+
+#include "lowering/common.h"
+
+namespace torchtpu {
+namespace {
+
+// An index tensor as positions into a dimension of `size`, int64; negative indices count from
+// the end where the op allows them (take, put, index_fill), else they are out of range as
+// on CPU. (Out-of-range indices are dropped by scatter and clamped by gather: the range
+// check that turns them into CPU's IndexError belongs here.)
+V position_along(LoweringContext& ctx, const V& index, int64_t size, bool negative_wraps) {
+  V i = ctx.convert(index, DType::Int64);
+  if (!negative_wraps) return i;
+  const auto& shape = i.type.shape;
+  V wrapped = ctx.binary("stablehlo.add", i, ctx.constant_int(size, DType::Int64, shape));
+  return ctx.select(ctx.compare("LT", i, ctx.constant_int(0, DType::Int64, shape)), wrapped, i);
+}
+
+// take(self, index): self.flatten()[index], index's shape.
+void lower_take(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  V pos = position_along(ctx, ctx.input(node, 1), x.type.numel(), true);
+  ctx.set_result(ctx.reshape(gather_linear(ctx, x, pos), out.shape));
+}
+
+// put(self, index, source, accumulate): self.flatten()[index] = source.flatten() (or +=).
+void lower_put(LoweringContext& ctx, const Node& node) {
+  V x = ctx.input(node, 0);
+  V index = ctx.input(node, 1);
+  int64_t n = index.type.numel();
+  V pos = ctx.reshape(position_along(ctx, index, x.type.numel(), true), {n});
+  V source = ctx.reshape(ctx.convert(ctx.input(node, 2), x.type.dtype), {n});
+  bool accumulate = node.args[3].as_bool();
+  const char* add = x.type.dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add";
+  ctx.set_result(scatter_linear(ctx, x, pos, source, accumulate ? add : nullptr));
+}
+
+// Linear positions into `self_shape` of the elements of a source whose slices along dim go
+// to the slices index[j] of self (the positions index_copy/index_add/index_reduce write).
+V slice_positions(LoweringContext& ctx, const std::vector<int64_t>& self_shape, int64_t dim, const V& index,
+                  const std::vector<int64_t>& source_shape) {
+  std::vector<int64_t> strides = contiguous_strides(self_shape);
+  std::vector<int64_t> coefs = strides;
+  coefs[dim] = 0;
+  V total = affine_index(ctx, source_shape, coefs, 0, DType::Int64);
+  V along = position_along(ctx, ctx.reshape(index, {source_shape[dim]}), self_shape[dim], false);
+  along = ctx.binary("stablehlo.multiply", along, ctx.constant_int(strides[dim], DType::Int64, along.type.shape));
+  return ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(along, source_shape, {dim}));
+}
+
+// A 0-d self or source is one slice of one element.
+std::vector<int64_t> at_least_1d(const std::vector<int64_t>& shape) { return shape.empty() ? std::vector<int64_t>{1} : shape; }
+
+// index_fill.int_Scalar / index_fill.int_Tensor(self, dim, index, value)
+void lower_index_fill(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  std::vector<int64_t> shape = at_least_1d(x.type.shape);
+  int64_t dim = wrap_dim(node.args[1].i, x.type.rank());
+  V index = ctx.reshape(ctx.input(node, 2), {ctx.input(node, 2).type.numel()});
+  int64_t size = shape[dim], k = index.type.numel();
+  V value = ctx.has_input(node, 3) ? ctx.convert(ctx.reshape(ctx.input(node, 3), {}), out.dtype)
+                                   : ctx.scalar(node, 3, out.dtype);
+  if (k == 0) {
+    ctx.set_result(x);
+    return;
+  }
+  // selected[d]: some index names slice d.
+  V slots = ctx.broadcast_in_dim(ctx.iota(TensorType{{size}, DType::Int64}, 0), {size, k}, {0});
+  V named = ctx.broadcast_in_dim(position_along(ctx, index, size, true), {size, k}, {1});
+  V selected = ctx.reduce(ctx.compare("EQ", slots, named), {1}, ctx.constant_int(0, DType::Bool), "stablehlo.or");
+  V mask = ctx.broadcast_in_dim(selected, shape, {dim});
+  V filled = ctx.select(mask, ctx.broadcast_to(value, shape), ctx.reshape(x, shape));
+  ctx.set_result(ctx.reshape(filled, out.shape));
+}
+
+// index_copy(self, dim, index, source): self's slices index[j] along dim become source's j-th.
+void lower_index_copy(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  V source = ctx.convert(ctx.input(node, 3), out.dtype);
+  std::vector<int64_t> shape = at_least_1d(x.type.shape), source_shape = at_least_1d(source.type.shape);
+  int64_t dim = wrap_dim(node.args[1].i, x.type.rank());
+  V pos = slice_positions(ctx, shape, dim, ctx.input(node, 2), source_shape);
+  V r = scatter_linear(ctx, ctx.reshape(x, shape), pos, ctx.reshape(source, source_shape), nullptr);
+  ctx.set_result(ctx.reshape(r, out.shape));
+}
+
+// index_reduce(self, dim, index, source, reduce, include_self): prod, mean, amax or amin of
+// the source slices sent to each slice of self (and self's own value unless include_self is
+// false; untouched slices keep self's). Integer means divide with floor, as CPU does.
+void lower_index_reduce(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  DType dt = out.dtype;
+  V x = ctx.input(node, 0);
+  V source = ctx.convert(ctx.input(node, 3), dt);
+  std::vector<int64_t> shape = at_least_1d(x.type.shape), source_shape = at_least_1d(source.type.shape);
+  int64_t dim = wrap_dim(node.args[1].i, x.type.rank());
+  std::string reduce = node.args[4].s;
+  bool include_self = node.args[5].as_bool();
+  V pos = slice_positions(ctx, shape, dim, ctx.input(node, 2), source_shape);
+  V base = ctx.reshape(x, shape);
+  V updates = ctx.reshape(source, source_shape);
+  bool is_bool = dt == DType::Bool;
+  const char* combine = reduce == "prod" ? (is_bool ? "stablehlo.and" : "stablehlo.multiply")
+                        : reduce == "amax" ? (is_bool ? "stablehlo.or" : "stablehlo.maximum")
+                        : reduce == "amin" ? (is_bool ? "stablehlo.and" : "stablehlo.minimum")
+                                           : (is_bool ? "stablehlo.or" : "stablehlo.add");
+  if (!include_self) {
+    V identity = reduce == "prod" ? ctx.constant(1, dt) : reduce == "amax" ? lowest_scalar(ctx, dt)
+                 : reduce == "amin" ? highest_scalar(ctx, dt) : ctx.constant(0, dt);
+    base = scatter_linear(ctx, base, pos, ctx.broadcast_to(identity, source_shape), nullptr);
+  }
+  V r = scatter_linear(ctx, base, pos, updates, combine);
+  if (reduce == "mean") {
+    V count = ctx.constant(include_self ? 1 : 0, dt, shape);
+    count = scatter_linear(ctx, count, pos, ctx.constant(1, dt, source_shape), "stablehlo.add");
+    V zero = ctx.constant(0, dt, shape);
+    count = ctx.select(ctx.compare("EQ", count, zero), ctx.constant(1, dt, shape), count);
+    V q = ctx.binary("stablehlo.divide", r, count);
+    if (!is_floating(dt)) {
+      V rem = ctx.binary("stablehlo.remainder", r, count);
+      V adjust = ctx.binary("stablehlo.and", ctx.compare("NE", rem, zero), ctx.compare("LT", rem, zero));
+      q = ctx.select(adjust, ctx.binary("stablehlo.subtract", q, ctx.constant(1, dt, shape)), q);
+    }
+    r = q;
+  }
+  ctx.set_result(ctx.reshape(r, out.shape));
+}
+
+LOWERING("aten::take", lower_take);
+LOWERING("aten::put", lower_put);
+LOWERING("aten::index_fill.int_Scalar", lower_index_fill);
+LOWERING("aten::index_fill.int_Tensor", lower_index_fill);
+LOWERING("aten::index_copy", lower_index_copy);
+LOWERING("aten::index_reduce", lower_index_reduce);
+
+}  // namespace
+}  // namespace torchtpu

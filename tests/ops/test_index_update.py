@@ -1,0 +1,42 @@
+"""take, put, index_fill, index_copy and index_reduce against CPU: negative indices, 0-d
+inputs, every reduction with and without self, integer dtypes, gradients."""
+import pytest
+import torch
+
+from utils import check
+
+torch.manual_seed(0)
+X = torch.randn(4, 5, requires_grad=True)
+I = torch.tensor([0, -2, 3])  # negative indices: take, put and index_fill only (as on CPU)
+J = torch.tensor([0, 2, 3])
+DUP = torch.tensor([1, 1, 3])
+
+
+def test_take_put(mode):
+    check(lambda x: (torch.take(x, torch.tensor([[0, -1], [7, 3]])), torch.take(x, torch.tensor(4)),
+                     x.put(torch.tensor([0, -1, 6]), torch.tensor([9.0, 8.0, 7.0])),
+                     x.put(torch.tensor([2, 2, 5]), x[0, :3] * 2, accumulate=True)), X, grad=True)
+    check(lambda i: (i.put(torch.tensor([1, 3]), torch.tensor([-5, 5]), accumulate=True), torch.take(i, torch.tensor([5]))),
+          torch.arange(6).reshape(2, 3))
+
+
+def test_index_fill_copy(mode):
+    check(lambda x: (x.index_fill(0, I, -1.5), x.index_fill(1, torch.tensor([4, 0]), torch.tensor(2.0)),
+                     x.index_fill(1, torch.tensor([], dtype=torch.long), 3.0),
+                     x.index_copy(0, torch.tensor([2, 0]), x[:2] * 3), x.index_copy(-1, torch.tensor([1, 4]), x[:, :2] + 1)),
+          X, grad=True)
+    check(lambda s: (s.index_fill(0, torch.tensor([0]), 4.0), s.index_copy(0, torch.tensor([0]), torch.tensor(2.5))),
+          torch.tensor(1.0))
+    check(lambda b: b.index_fill(1, torch.tensor([0, 2]), True), torch.zeros(2, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+def test_index_reduce(mode, reduce):
+    source = torch.randn(3, 5, requires_grad=True)
+    for include_self in (True, False):
+        check(lambda x, s: (x.index_reduce(0, DUP, s, reduce, include_self=include_self),
+                            x.index_reduce(0, J, s, reduce, include_self=include_self),
+                            x.index_reduce(1, torch.tensor([0, 4, 0]), s.t()[:4], reduce,
+                                           include_self=include_self)), X, source, grad=True)
+    check(lambda i: i.index_reduce(0, torch.tensor([0, 0, 2]), torch.tensor([2, 3, -4]), reduce),
+          torch.full((3,), 7))

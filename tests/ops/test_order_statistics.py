@@ -1,0 +1,58 @@
+"""kthvalue, median, nanmedian, mode, searchsorted, bucketize and histc against CPU, with
+NaN, ties, integer inputs and gradients."""
+import torch
+
+from utils import check
+
+torch.manual_seed(0)
+X = torch.randn(4, 7, requires_grad=True)
+NAN = torch.tensor([[3.0, 1.0, 4.0, 2.0, 0.5, 6.0, 5.0],
+                    [float("nan"), 1.0, float("nan"), 2.0, 0.0, 5.0, 4.0],
+                    [float("nan")] * 7])
+
+
+def flat(*results):
+    return tuple(t for r in results for t in (r if isinstance(r, tuple) else (r,)))
+
+
+def test_kth_median(mode):
+    check(lambda x: flat(tuple(torch.kthvalue(x, 3, 1)), tuple(torch.kthvalue(x, 1, 0, keepdim=True)),
+                         tuple(torch.median(x, 1)), tuple(torch.median(x, 0, keepdim=True)), torch.median(x),
+                         tuple(torch.nanmedian(x, 1)), torch.nanmedian(x)), X, grad=True)
+    # The index CPU gives among NaNs (all-NaN nanmedian, kthvalue landing on a NaN) is
+    # arbitrary (its quickselect's): only those values are compared.
+    check(lambda x: flat(tuple(torch.median(x, 1)), tuple(torch.nanmedian(x[:2], 1)), torch.median(x[:2]),
+                         torch.nanmedian(x[:2]), torch.nanmedian(x[2]), torch.nanmedian(x, 1).values,
+                         torch.kthvalue(x[:2], 6, 1).values), NAN)
+    check(lambda i: flat(tuple(torch.kthvalue(i, 2, 0)), tuple(torch.median(i, 0)), torch.median(i)),
+          torch.tensor([5, -2, 9, 0, 3]))
+    check(lambda s: flat(tuple(torch.median(s, 0)), tuple(torch.kthvalue(s, 1, 0))), torch.tensor(1.5))
+
+
+def test_mode(mode):
+    # Ties: the smallest of the most frequent values, at its last occurrence.
+    rows = torch.tensor([[2.0, 2.0, 1.0, 1.0, 3.0], [5.0, 5.0, 1.0, 1.0, 5.0], [4.0, 3.0, 2.0, 1.0, 0.0]])
+    check(lambda x: flat(tuple(torch.mode(x, 1)), tuple(torch.mode(x, 0, keepdim=True))), rows)
+    check(lambda i: tuple(torch.mode(i, -1)), torch.randint(0, 4, (5, 9)))
+    check(lambda x: tuple(torch.mode(x, 1)), X, grad=True)
+
+
+def test_searchsorted_bucketize(mode):
+    boundaries = torch.tensor([-1.0, 0.0, 0.0, 1.5, 3.0])
+    values = torch.tensor([[-2.0, -1.0, 0.0, 0.7], [1.5, 2.9, 3.0, 4.0]])
+    check(lambda b, v: (torch.searchsorted(b, v), torch.searchsorted(b, v, right=True),
+                        torch.searchsorted(b, v, side="right", out_int32=True), torch.bucketize(v, b),
+                        torch.bucketize(v, b, right=True), torch.searchsorted(b, 0.0), torch.bucketize(1.5, b)),
+          boundaries, values)
+    rows = torch.sort(torch.randn(2, 6), dim=1).values
+    check(lambda b, v: (torch.searchsorted(b, v), torch.searchsorted(b, v, right=True)), rows, torch.randn(2, 3))
+    shuffled = torch.tensor([3.0, -1.0, 1.5, 0.0])
+    check(lambda b, v: torch.searchsorted(b, v, sorter=torch.argsort(b)), shuffled, values)
+    check(lambda b, v: torch.searchsorted(b, v), torch.tensor([1, 3, 5, 7]), torch.tensor([0, 3, 6, 9]))
+
+
+def test_histc(mode):
+    x = torch.tensor([0.0, 0.1, 0.5, 0.99, 1.0, 1.5, -0.5, float("nan"), 0.25])
+    check(lambda x: (torch.histc(x, 4, 0, 1), torch.histc(x[:7], 5), torch.histc(x, 3, -1, 2),
+                     torch.histc(torch.ones(3, device=x.device), 4), torch.histc(x[:0], 3, 0, 1)), x)
+    check(lambda x: torch.histc(x, 10), torch.randn(100))
