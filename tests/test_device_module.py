@@ -12,8 +12,8 @@ PUBLIC = {
     "get_rng_state", "get_rng_state_all", "initial_seed", "is_available", "is_bf16_supported",
     "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved",
     "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "reset_max_memory_allocated",
-    "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
-    "set_stream", "stream", "synchronize",
+    "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_per_process_memory_fraction",
+    "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize",
 }
 
 

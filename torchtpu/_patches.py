@@ -14,6 +14,7 @@ Patched (PATCHES, in install order):
     module.to          torch.nn.Module._apply
     inference mode     torch.autograd.grad_mode.inference_mode.__enter__ / __exit__
     fakeification      torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor
+    optimizer step     torch.optim.Optimizer.profile_hook_step (a step is a transaction)
 The end of an optimizer step uses PyTorch's public optimizer hooks (no patch, no guard).
 """
 from __future__ import annotations
@@ -76,13 +77,20 @@ def checked(patch_name: str, owner, attribute: str, params=None, reads=()):
 
 def _replace(owner, attribute: str, replacement) -> None:
     _originals.setdefault((owner, attribute), getattr(owner, attribute))
-    setattr(owner, attribute, replacement)
+    setattr(owner, attribute, _like(owner, attribute, replacement))
 
 
 def _restore() -> None:
     for (owner, attribute), original in _originals.items():
-        setattr(owner, attribute, original)
+        setattr(owner, attribute, _like(owner, attribute, original))
     _originals.clear()
+
+
+def _like(owner, attribute: str, function):
+    # A static method of a class stays one (getattr unwraps it; setattr must not).
+    if isinstance(inspect.getattr_static(owner, attribute, None), staticmethod):
+        return staticmethod(function)
+    return function
 
 
 def _is_tpu(tensor) -> bool:
@@ -377,6 +385,100 @@ def _patch_fakeification():
 
 
 # ---------------------------------------------------------------------------------------
+# Optimizer steps as transactions.
+
+
+@patch("optimizer step")
+def _patch_optimizer_step():
+    # A step that raises - an op inside it, or the flush of its graph at its end - is undone:
+    # parameters and optimizer state get back what they held before it, so no step is ever
+    # half applied and the next one starts from a consistent state. PyTorch wraps each
+    # optimizer class's step with Optimizer.profile_hook_step (hooks, profiling) when its
+    # first instance is made; the transaction goes around that wrapper.
+    from torch.optim import Optimizer
+
+    original = checked("optimizer step", Optimizer, "profile_hook_step", params=("func",))
+    checked("optimizer step", Optimizer, "_patch_step_function", reads=("profile_hook_step",))
+
+    @functools.wraps(original)
+    def profile_hook_step(func):
+        hooked = original(func)
+
+        @functools.wraps(hooked)
+        def step(*args, **kwargs):
+            snapshot = _StepSnapshot.take(args[0])
+            _steps.depth = getattr(_steps, "depth", 0) + 1
+            try:
+                return hooked(*args, **kwargs)
+            except BaseException as error:
+                if snapshot is not None:
+                    lost = snapshot.restore()
+                    if lost:
+                        error.add_note(f"torchtpu: {lost} tensors of this optimizer step keep its update: work "
+                                       "inside the step was run before it failed (a read on the host, or "
+                                       "TORCHTPU_MAX_PENDING_OPS reached), and their previous values are gone.")
+                raise
+            finally:
+                _steps.depth -= 1
+
+        return step
+
+    _replace(Optimizer, "profile_hook_step", profile_hook_step)
+
+
+# How many optimizer steps this thread is inside (a subclass's step calling its base's): only
+# the outermost runs the step's graph, so a failure after an inner step can still undo it.
+_steps = threading.local()
+
+
+class _StepSnapshot:
+    """What an optimizer step may change: its tpu parameters' and state tensors' values
+    (kept by torchtpu._C, without copies), its CPU state tensors (copied: step counters are
+    tiny) and the keys of its state."""
+
+    __slots__ = ("optimizer", "values", "host", "host_copies", "state")
+
+    @classmethod
+    def take(cls, optimizer):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not any(_is_tpu(p) for p in params):
+            return None
+        snapshot = cls()
+        snapshot.optimizer = optimizer
+        tensors, host, state = [], [], {}
+        for p in params:
+            if _is_tpu(p):
+                tensors.append(p)
+            entries = optimizer.state.get(p)
+            state[p] = None if entries is None else dict(entries)
+            for value in (entries or {}).values():
+                if _is_tpu(value):
+                    tensors.append(value)
+                elif isinstance(value, torch.Tensor):
+                    host.append(value)
+        snapshot.values = _C.take_snapshot(tensors)
+        snapshot.host = host
+        snapshot.host_copies = torch._foreach_mul(host, 1) if host else []
+        snapshot.state = state
+        return snapshot
+
+    def restore(self) -> int:
+        """Puts the values back; returns how many tpu tensors could not get theirs back."""
+        lost = _C.restore_snapshot(self.values)
+        if self.host:
+            with torch.no_grad():
+                torch._foreach_copy_(self.host, self.host_copies)
+        state = self.optimizer.state
+        for p, entries in self.state.items():
+            if entries is None:
+                state.pop(p, None)
+            else:
+                state[p].clear()
+                state[p].update(entries)
+        return lost
+
+
+# ---------------------------------------------------------------------------------------
 # Optimizer steps (public hooks, not patches).
 
 
@@ -384,7 +486,7 @@ def _register_optimizer_hooks():
     # The end of an optimizer step is where a training step's graph ends: run it now, without
     # waiting for it, so the next step is traced while this one computes.
     def flush_after_step(optimizer, args, kwargs):
-        if _C.get_mode() != "fused":
+        if _C.get_mode() != "fused" or getattr(_steps, "depth", 0) > 1:
             return
         for group in optimizer.param_groups:
             for param in group["params"]:

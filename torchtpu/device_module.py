@@ -16,7 +16,7 @@ __all__ = [
     "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved",
     "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "reset_max_memory_allocated",
     "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
-    "set_stream", "stream", "synchronize",
+    "set_per_process_memory_fraction", "set_stream", "stream", "synchronize",
 ]
 
 _PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, the type torch.Stream/torch.Event carry for "tpu"
@@ -167,6 +167,16 @@ def memory_stats(device=None) -> dict:
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes of device memory: the host's memory on the CPU platform."""
     return _C.mem_get_info(_index(device))
+
+
+def set_per_process_memory_fraction(fraction, device=None) -> None:
+    """Caps the share of the device's memory (mem_get_info's total) torchtpu may fill: an op
+    or graph that would go beyond it raises torch.OutOfMemoryError before it runs."""
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _C.set_memory_fraction(_index(device), fraction)
 
 
 def empty_cache() -> None:

@@ -35,6 +35,7 @@ struct Capture {
   std::vector<int64_t> int_scalars;
   BufferPtr float_pack, int_pack;  // uploaded once; the int pack again per call for random ops
   std::vector<int> random_seed_slots;
+  std::vector<CheckQueue::Entry> checks;  // the executable's runtime checks
   std::vector<TensorType> result_types;
   struct Output {
     enum class Kind { None, Root, Input, Constant } kind = Kind::None;
@@ -187,6 +188,7 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
   capture->float_scalars = std::move(run.float_scalars);
   capture->int_scalars = std::move(run.int_scalars);
   capture->random_seed_slots = std::move(run.random_seed_slots);
+  capture->checks = std::move(run.checks);
   if (!capture->float_scalars.empty()) capture->float_pack = e.upload_float_scalars(capture->float_scalars, device);
   if (!capture->int_scalars.empty()) capture->int_pack = e.upload_int_scalars(capture->int_scalars, device);
   capture->result_types = std::move(run.result_types);  // roots first, then values only kept live
@@ -243,7 +245,7 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
         args.push_back(e.upload_int_scalars(ints, c.device));
       }
     }
-    results = e.launch(*c.executable, args, c.result_types, c.device, c.graph_hash);
+    results = e.launch(*c.executable, args, c.result_types, c.device, c.graph_hash, c.checks);
   }
   g_replays++;
   std::vector<at::Tensor> root_tensors;

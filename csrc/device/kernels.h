@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "device/tensor.h"
+#include "engine/checks.h"
 #include "lowering/registry.h"
 #include "runtime/runtime.h"
 
@@ -34,6 +35,11 @@ auto translate_errors(F&& f) -> decltype(f()) {
     return f();
   } catch (const DeviceOutOfMemory& e) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const CheckFailed& e) {
+    // A runtime check (an index out of range, ...): the exception CPU's kernel raises.
+    TORCH_CHECK_INDEX(e.error != RuntimeCheck::Error::Index, e.what());
+    TORCH_CHECK_VALUE(e.error != RuntimeCheck::Error::Value, e.what());
+    TORCH_CHECK(false, e.what());
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }

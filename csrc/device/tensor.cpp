@@ -280,6 +280,8 @@ at::Tensor download(const ValuePtr& value) {
   TraceSpan span([&] { return transfer_event("to_host", stored, value->device); });
   DLManagedTensor* managed = runtime().download(source);
   at::Tensor host = at::fromDLPack(managed);
+  // The host waited for the graph: its runtime checks (and earlier ones) are computed.
+  Engine::get().raise_failed_checks(value->device);
   at::ScalarType want = to_scalar_type(value->type.dtype);
   if (host.scalar_type() != want) host = host.view(want);
   host = host.reshape(stored.shape);

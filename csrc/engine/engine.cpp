@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -85,6 +86,24 @@ TraceEvent upload_event(const char* what, int64_t bytes, int device) {
                     {{"direction", "to_device"}, {"what", what}, {"bytes", bytes}, {"device", static_cast<int64_t>(device)}}};
 }
 
+std::string format_bytes(int64_t bytes) {
+  char buf[32];
+  double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024) std::snprintf(buf, sizeof(buf), "%.2f MiB", b / (1024.0 * 1024));
+  else std::snprintf(buf, sizeof(buf), "%lld bytes", static_cast<long long>(bytes));
+  return buf;
+}
+
+// CUDA's out-of-memory message, for tpu: what did not fit, what the device holds, what to do.
+std::string out_of_memory_message(int64_t bytes, const std::string& what, int device, int64_t budget) {
+  return "torchtpu: tpu out of memory. Tried to allocate " + format_bytes(bytes) + " for " + what + ". tpu:" +
+         std::to_string(device) + " can hold " + format_bytes(budget) + ", of which tensors hold " +
+         format_bytes(device_bytes_in_use(device)) +
+         ". Free tensors you no longer need (del them), lower the batch size, or call torchtpu.sync() more often "
+         "so that fewer results are computed at once.";
+}
+
 }  // namespace
 
 void Engine::set_mode(Mode mode) {
@@ -96,9 +115,27 @@ void Engine::set_mode(Mode mode) {
   mode_.store(mode);
 }
 
+void Engine::set_memory_fraction(int device, double fraction) {
+  EngineLock lock;
+  if (device < 0 || device >= runtime().device_count())
+    throw std::invalid_argument("torchtpu: no tpu:" + std::to_string(device));
+  if (fraction < 0.0 || fraction > 1.0)
+    throw std::invalid_argument("torchtpu: memory fraction " + std::to_string(fraction) + " is not in [0, 1]");
+  if (memory_fraction_.size() <= static_cast<size_t>(device)) memory_fraction_.resize(device + 1, 1.0);
+  memory_fraction_[device] = fraction;
+}
+
+int64_t Engine::memory_budget(int device) {
+  EngineLock lock;
+  if (memory_limit_.size() <= static_cast<size_t>(device)) memory_limit_.resize(device + 1, -1);
+  if (memory_limit_[device] < 0) memory_limit_[device] = runtime().memory_limit(device);
+  double fraction = static_cast<size_t>(device) < memory_fraction_.size() ? memory_fraction_[device] : 1.0;
+  return static_cast<int64_t>(static_cast<double>(memory_limit_[device]) * fraction);
+}
+
 void Engine::set_cache_dir(const std::string& dir) {
   EngineLock lock;
-  cache_dir_ = dir;
+  disk_cache_.set_dir(dir);
 }
 
 void Engine::clear_memory_cache() {
@@ -147,6 +184,9 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
     for (const ValuePtr& v : operands)
       if (v->pending()) flush_locked(v->device, FlushReason::Observation);
   }
+  // A value that can never be computed stays so: an op reading it raises its error.
+  for (const ValuePtr& v : operands)
+    if (v->error) std::rethrow_exception(v->error);
   auto node = std::make_shared<Node>();
   node->op = op;
   node->args = std::move(args);
@@ -171,6 +211,8 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
     value->output_index = static_cast<int>(i);
     results.push_back(std::move(value));
   }
+  check_fits(*node);
+  learn_node(*node, results);
   if (mode == Mode::Fused) {
     if (pending_ops_ == 0 && hooks_.python_origin) pending_origin_ = hooks_.python_origin();
     for (const ValuePtr& v : results) pending_.push_back(v);
@@ -182,14 +224,56 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
   graph.roots = results;
   collect_nodes(&graph, graph.roots);
   run_graph(graph);
-  if (mode == Mode::Debug)
+  if (mode == Mode::Debug) {
     for (const ValuePtr& v : results) runtime().wait(*v->buffer);
+    checks_.raise_failed(runtime(), device, /*wait=*/true);  // at the op itself
+  }
   return results;
+}
+
+const Engine::NodeFacts& Engine::learn_node(Node& node, const std::vector<ValuePtr>& results) {
+  auto known = node_facts_.find(node.hash);
+  if (known != node_facts_.end()) {
+    if (known->second.failure) std::rethrow_exception(known->second.failure);
+    if (known->second.checked && hooks_.python_origin) node.origin = hooks_.python_origin();
+    return known->second;
+  }
+  if (hooks_.python_origin) node.origin = hooks_.python_origin();
+  // Lowered alone, its operands as parameters: a rule that throws raises here, at the op.
+  Graph alone;
+  alone.device = node.device;
+  alone.nodes = {&node};
+  alone.node_index[&node] = 0;
+  for (const ValuePtr& v : node.operands) {
+    if (alone.param_index.count(v.get())) continue;
+    alone.param_index[v.get()] = static_cast<int>(alone.params.size());
+    alone.params.push_back(v);
+  }
+  alone.aliasing.assign(alone.params.size(), -1);
+  alone.roots = results;
+  lift_scalars(alone);
+  std::vector<std::string> signature;
+  std::vector<CheckSpec> checks;
+  lower_graph(alone, &signature, &checks);
+  NodeFacts facts;
+  facts.checked = !checks.empty();
+  return node_facts_.emplace(node.hash, facts).first->second;
+}
+
+// An op's result that cannot fit on the device even alone raises at the op, as a CUDA
+// allocation would (a fused graph would otherwise fail later, away from the user's line).
+void Engine::check_fits(const Node& node) {
+  int64_t budget = memory_budget(node.device);
+  for (const TensorType& t : node.outputs)
+    if (t.nbytes() > budget)
+      throw DeviceOutOfMemory(out_of_memory_message(t.nbytes(), "a result of " + node.op.name() + " (" + t.str() + ")",
+                                                    node.device, budget));
 }
 
 void Engine::compute(const ValuePtr& value) {
   EngineLock lock;
   if (value->pending()) flush_locked(value->device, FlushReason::Observation);
+  if (value->error) std::rethrow_exception(value->error);
 }
 
 BufferPtr Engine::materialize(const ValuePtr& value) {
@@ -209,7 +293,13 @@ void Engine::sync(bool wait, FlushReason reason) {
     for (const auto& weak : last_results_)
       if (BufferPtr b = weak.lock()) runtime().wait(*b);
     last_results_.clear();
+    checks_.raise_failed(runtime(), -1, /*wait=*/true);
   }
+}
+
+void Engine::raise_failed_checks(int device) {
+  EngineLock lock;
+  if (runtime_initialized()) checks_.raise_failed(runtime(), device, /*wait=*/false);
 }
 
 void Engine::flush_locked(int device, FlushReason reason) {
@@ -229,20 +319,58 @@ void Engine::flush_locked(int device, FlushReason reason) {
     // Held by something besides pending nodes (a tensor, autograd): the user can see it.
     if (v.use_count() - 1 > v->node_uses.load()) graph.roots.push_back(v);
   }
+  if (!graph.roots.empty()) {
+    collect_nodes(&graph, graph.roots);
+    if (some_node_failed_) drop_failed_roots(graph);
+    // A transaction: if this throws, the pending graph is as it was.
+    if (!graph.roots.empty()) {
+      TraceSpan span([&] {
+        const char* why = flush_reason_name(reason);
+        return TraceEvent{std::string("torchtpu::flush#") + why,
+                          {{"reason", why},
+                           {"ops", static_cast<int64_t>(graph.nodes.size())},
+                           {"outputs", static_cast<int64_t>(graph.roots.size())},
+                           {"device", static_cast<int64_t>(device)},
+                           {"origin", graph.origin}}};
+      });
+      run_graph(graph);
+    }
+  }
   pending_.swap(keep);
   if (pending_.empty()) pending_ops_ = 0;
-  if (graph.roots.empty()) return;
-  collect_nodes(&graph, graph.roots);
-  TraceSpan span([&] {
-    const char* why = flush_reason_name(reason);
-    return TraceEvent{std::string("torchtpu::flush#") + why,
-                      {{"reason", why},
-                       {"ops", static_cast<int64_t>(graph.nodes.size())},
-                       {"outputs", static_cast<int64_t>(graph.roots.size())},
-                       {"device", static_cast<int64_t>(device)},
-                       {"origin", graph.origin}}};
-  });
-  run_graph(graph);
+}
+
+bool Engine::drop_failed_roots(Graph& g) {
+  std::unordered_map<const Node*, std::exception_ptr> failed;
+  for (Node* node : g.nodes) {  // operands first
+    std::exception_ptr error = node->error;
+    for (size_t i = 0; i < node->operands.size() && !error; ++i) {
+      const ValuePtr& v = node->operands[i];
+      if (!v->pending()) {
+        error = v->error;
+      } else if (auto it = failed.find(v->node.get()); it != failed.end()) {
+        error = it->second;
+      }
+    }
+    if (error) failed.emplace(node, error);
+  }
+  if (failed.empty()) return false;
+  Graph kept;
+  kept.device = g.device;
+  kept.origin = g.origin;
+  for (const ValuePtr& root : g.roots) {
+    auto it = failed.find(root->node.get());
+    if (it == failed.end()) {
+      kept.roots.push_back(root);
+    } else {
+      root->error = it->second;
+      root->node.reset();
+    }
+  }
+  g = Graph();
+  if (!kept.roots.empty()) collect_nodes(&kept, kept.roots);
+  g = std::move(kept);
+  return true;
 }
 
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
@@ -351,16 +479,16 @@ void Engine::hash_graph(Graph& g) {
   g.hash = h;
 }
 
-ExecutablePtr Engine::find_or_compile(Graph& g) {
+Engine::CompiledPtr Engine::find_or_compile(Graph& g) {
   auto cached = memory_cache_.find(g.hash);
   if (cached != memory_cache_.end()) {
     TraceSpan span([&] { return compile_event(g, "memory", hooks_); });
     metrics_.cache_hits_memory++;
     return cached->second;
   }
-  ExecutablePtr exe = compile_graph(g);
-  memory_cache_[g.hash] = exe;
-  return exe;
+  CompiledPtr compiled = compile_graph(g);
+  memory_cache_[g.hash] = compiled;
+  return compiled;
 }
 
 DType Engine::scalar_float_dtype() { return runtime().has_float64() ? DType::Float64 : DType::Float32; }
@@ -381,7 +509,7 @@ BufferPtr Engine::upload_int_scalars(const std::vector<int64_t>& values, int dev
 
 std::vector<BufferPtr> Engine::launch(Executable& exe, const std::vector<BufferPtr>& args,
                                       const std::vector<TensorType>& result_types, int device,
-                                      uint64_t graph_hash) {
+                                      uint64_t graph_hash, const std::vector<CheckQueue::Entry>& checks) {
   EngineLock lock;
   // Launching is asynchronous: the span is the host's share; the device's is in the
   // timeline of torchtpu.profiler.trace.
@@ -392,32 +520,64 @@ std::vector<BufferPtr> Engine::launch(Executable& exe, const std::vector<BufferP
                        {"results", static_cast<int64_t>(result_types.size())},
                        {"device", static_cast<int64_t>(device)}}};
   });
-  std::vector<BufferPtr> results = runtime().execute(exe, args, result_types, device);
+  std::vector<TensorType> types = result_types;
+  if (!checks.empty()) types.push_back(TensorType{{static_cast<int64_t>(checks.size() * 2)}, DType::Int64});
+  std::vector<BufferPtr> results = runtime().execute(exe, args, types, device);
   metrics_.execute_count++;
   last_results_.assign(results.begin(), results.end());
+  if (!checks.empty()) {
+    BufferPtr flags = std::move(results.back());
+    results.pop_back();
+    checks_.add(runtime(), std::move(flags), device, checks);
+  }
   return results;
 }
 
 void Engine::run_graph(Graph& g) {
-  plan_donation(g);
-  lift_scalars(g);
-  hash_graph(g);
-  if (g.bucketable && run_bucketed(g)) return;
-  if (unpad_params(g)) {  // values computed padded by an earlier graph: sliced in this one
+  std::vector<BufferPtr> results;
+  // Nothing changes until the launch has succeeded: a failure leaves the graph pending.
+  try {
+    g.stage = Stage::Lowering;  // find_or_compile moves it on
     plan_donation(g);
     lift_scalars(g);
     hash_graph(g);
+  } catch (...) {
+    std::rethrow_exception(explain_failure(g, g.stage, std::current_exception()));
   }
-  ExecutablePtr exe = find_or_compile(g);
-  std::vector<BufferPtr> args;
-  args.reserve(g.params.size() + 2);
-  for (const ValuePtr& p : g.params) args.push_back(p->buffer);
-  if (!g.float_scalars.empty()) args.push_back(upload_float_scalars(g.float_scalars, g.device));
-  if (!g.int_scalars.empty()) args.push_back(upload_int_scalars(g.int_scalars, g.device));
-  std::vector<TensorType> result_types;
-  result_types.reserve(g.roots.size());
-  for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
-  std::vector<BufferPtr> results = launch(*exe, args, result_types, g.device, g.hash);
+  // Run padded to a bucket: the padded graph goes through run_graph, which explains its own
+  // failures (this graph's values stay pending).
+  if (g.bucketable && run_bucketed(g)) return;
+  try {
+    if (unpad_params(g)) {  // values computed padded by an earlier graph: sliced in this one
+      plan_donation(g);
+      lift_scalars(g);
+      hash_graph(g);
+    }
+    CompiledPtr compiled = find_or_compile(g);
+    for (const CheckSpec& spec : compiled->checks) {
+      const Node* node = g.nodes[spec.node];
+      g.check_entries.push_back(CheckQueue::Entry{spec.check, node->op.name(), node->origin});
+    }
+    g.stage = Stage::Running;
+    int64_t budget = memory_budget(g.device);
+    if (compiled->memory_needed > 0 && device_bytes_in_use(g.device) + compiled->memory_needed > budget)
+      throw DeviceOutOfMemory(out_of_memory_message(
+          compiled->memory_needed,
+          "the results and working memory of a graph of " + std::to_string(g.nodes.size()) + " ops" +
+              (g.origin.empty() ? std::string() : " started at " + g.origin),
+          g.device, budget));
+    std::vector<BufferPtr> args;
+    args.reserve(g.params.size() + 2);
+    for (const ValuePtr& p : g.params) args.push_back(p->buffer);
+    if (!g.float_scalars.empty()) args.push_back(upload_float_scalars(g.float_scalars, g.device));
+    if (!g.int_scalars.empty()) args.push_back(upload_int_scalars(g.int_scalars, g.device));
+    std::vector<TensorType> result_types;
+    result_types.reserve(g.roots.size());
+    for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
+    results = launch(*compiled->executable, args, result_types, g.device, g.hash, g.check_entries);
+  } catch (...) {
+    std::rethrow_exception(explain_failure(g, g.stage, std::current_exception()));
+  }
   for (size_t p = 0; p < g.params.size(); ++p) {
     if (g.aliasing[p] >= 0) {
       metrics_.donated_buffers++;
@@ -432,24 +592,26 @@ void Engine::run_graph(Graph& g) {
 
 // ---- compiling a graph: lower to a module, dump, disk cache, compile, bookkeeping --------
 
-ExecutablePtr Engine::compile_graph(Graph& g) {
+Engine::CompiledPtr Engine::compile_graph(Graph& g) {
   std::vector<std::string> signature;
+  auto compiled = std::make_shared<Compiled>();
   std::string text;
   {
     TraceSpan span([&] {
       return TraceEvent{"torchtpu::lower", {{"graph", graph_name(g.hash)}, {"ops", static_cast<int64_t>(g.nodes.size())}}};
     });
-    text = lower_graph(g, &signature);
+    text = lower_graph(g, &signature, &compiled->checks);
   }
+  g.stage = Stage::Compiling;
   dump_module(g, text);
   Runtime& rt = runtime();
   CompileOptions options;
   options.device = g.device;
-  std::string key;
-  if (!cache_dir_.empty()) {
-    // Executables are bound to their device: the device index is part of the key.
-    key = disk_cache_key(text, rt.version() + " device " + std::to_string(g.device));
-    if (ExecutablePtr exe = load_from_disk(g, key)) return exe;
+  // Executables are bound to their device: the options (device assignment) are in the key.
+  CacheKey key = make_cache_key(text, rt.version(), rt.platform(), options.describe());
+  if ((compiled->executable = load_from_disk(g, key))) {
+    compiled->memory_needed = rt.memory_needed(*compiled->executable);
+    return compiled;
   }
   if (g.origin.empty() && hooks_.python_origin) g.origin = hooks_.python_origin();
   TraceSpan span([&] { return compile_event(g, "compiled", hooks_); });
@@ -458,13 +620,100 @@ ExecutablePtr Engine::compile_graph(Graph& g) {
   metrics_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   metrics_.graphs_compiled++;
   note_recompilation(g, std::move(signature));
-  if (!key.empty()) disk_cache_store(cache_dir_, key, rt.serialize(*exe), hooks_.warn);
-  return exe;
+  // Its ops' signatures compiled: none of them can make a later graph fail to compile.
+  for (const Node* node : g.nodes)
+    if (auto facts = node_facts_.find(node->hash); facts != node_facts_.end()) facts->second.compiled = true;
+  compiled->memory_needed = rt.memory_needed(*exe);
+  if (disk_cache_.active()) disk_cache_.store(key, rt.serialize(*exe), hooks_.warn);
+  compiled->executable = std::move(exe);
+  return compiled;
+}
+
+// ---- a failed flush: which op, and what is lost ------------------------------------------
+
+std::exception_ptr Engine::explain_failure(Graph& g, Stage stage, std::exception_ptr error) {
+  if (stage == Stage::Running) {
+    // The whole graph failed to run (out of memory, say). Its values stay pending, but a
+    // donated argument may be gone with the failed execution: such a value can never be
+    // read again, and says so instead of reading freed memory.
+    for (size_t p = 0; p < g.params.size(); ++p) {
+      const ValuePtr& param = g.params[p];
+      if (g.aliasing.size() > p && g.aliasing[p] >= 0 && param->buffer && runtime().is_deleted(*param->buffer)) {
+        param->buffer.reset();
+        param->error = error;
+        some_node_failed_ = true;
+      }
+    }
+    return error;
+  }
+  // Lowering or compiling failed: find the op. Only ops whose signature never compiled can
+  // be at fault; each is compiled alone, halving the suspects each time.
+  std::vector<Node*> suspects;
+  for (Node* node : g.nodes) {
+    auto facts = node_facts_.find(node->hash);
+    if (facts == node_facts_.end() || !facts->second.compiled) suspects.push_back(node);
+  }
+  std::string message;
+  Node* culprit = first_failing_node(suspects, g.device, &message);
+  if (!culprit) return error;  // no single op fails alone: the graph as a whole did
+  std::string text = "torchtpu: " + culprit->op.name() + " cannot run on tpu";
+  if (!culprit->origin.empty()) text += " (issued at " + culprit->origin + ")";
+  text += ": " + message;
+  std::exception_ptr failure = std::make_exception_ptr(std::runtime_error(text));
+  culprit->error = failure;
+  node_facts_[culprit->hash].failure = failure;  // recording it again raises at once
+  some_node_failed_ = true;
+  return failure;
+}
+
+Node* Engine::first_failing_node(const std::vector<Node*>& suspects, int device, std::string* message) {
+  if (suspects.empty() || compiles_alone(suspects, device, message)) return nullptr;
+  size_t low = 0, high = suspects.size();  // [low, high) holds the first failing node
+  while (high - low > 1) {
+    size_t mid = (low + high) / 2;
+    std::vector<Node*> first_half(suspects.begin() + low, suspects.begin() + mid);
+    if (compiles_alone(first_half, device, message)) low = mid;
+    else high = mid;
+  }
+  compiles_alone({suspects[low]}, device, message);
+  return suspects[low];
+}
+
+// Compiles `nodes` side by side, each reading its operands as parameters; on failure
+// `message` says why.
+bool Engine::compiles_alone(const std::vector<Node*>& nodes, int device, std::string* message) {
+  Graph bag;
+  bag.device = device;
+  bag.donate = false;
+  for (Node* node : nodes) {
+    bag.node_index[node] = static_cast<int>(bag.nodes.size());
+    bag.nodes.push_back(node);
+    for (const ValuePtr& v : node->operands) {
+      if (bag.param_index.count(v.get())) continue;
+      bag.param_index[v.get()] = static_cast<int>(bag.params.size());
+      bag.params.push_back(v);
+    }
+  }
+  bag.aliasing.assign(bag.params.size(), -1);
+  lift_scalars(bag);
+  try {
+    std::vector<std::string> signature;
+    std::vector<CheckSpec> checks;
+    CompileOptions options;
+    options.device = device;
+    runtime().compile(lower_graph(bag, &signature, &checks), options);
+    return true;
+  } catch (const std::exception& e) {
+    *message = e.what();
+    return false;
+  }
 }
 
 // The module's text; `signature` gets one line per node (op and operand types) for the
-// recompilation log.
-std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signature) {
+// recompilation log, `checks` the graph's runtime checks (their flags are its last result; null:
+// none returned).
+// An operand that is a parameter is read as one even if it is pending (a node lowered alone).
+std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signature, std::vector<CheckSpec>* checks) {
   ModuleBuilder module;
   LoweringContext ctx;
   std::vector<V> param_values;
@@ -489,8 +738,9 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
     std::vector<V> operands;
     std::string sig = node->op.name() + "(";
     for (const ValuePtr& v : node->operands) {
-      if (v->pending()) operands.push_back(node_results[g.node_index.at(v->node.get())][v->output_index]);
-      else operands.push_back(param_values[g.param_index.at(v.get())]);
+      auto param = g.param_index.find(v.get());
+      if (param != g.param_index.end()) operands.push_back(param_values[param->second]);
+      else operands.push_back(node_results[g.node_index.at(v->node.get())][v->output_index]);
       sig += v->type.str() + " ";
     }
     signature->push_back(sig + ")");
@@ -502,6 +752,16 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
   for (const ValuePtr& root : g.roots)
     results.push_back(root->pending() ? node_results[g.node_index.at(root->node.get())][root->output_index]
                                       : param_values[g.param_index.at(root.get())]);
+  if (g.roots.empty())  // nodes compiled side by side (compiles_alone): all their results
+    for (const auto& outputs : node_results) results.insert(results.end(), outputs.begin(), outputs.end());
+  if (checks && !ctx.checks().empty()) {  // export passes none: a module returns only its roots
+    std::vector<V> flags;
+    for (const auto& c : ctx.checks()) {
+      flags.push_back(c.flag);
+      checks->push_back(CheckSpec{g.node_index.at(c.node), c.check});
+    }
+    results.push_back(ctx.concatenate(flags, 0));
+  }
   return module.text(ctx.body(), results, ctx.functions());
 }
 
@@ -515,8 +775,8 @@ void Engine::dump_module(const Graph& g, const std::string& text) {
 }
 
 // The executable stored under `key`, or null (absent, damaged or unloadable: removed).
-ExecutablePtr Engine::load_from_disk(Graph& g, const std::string& key) {
-  auto bytes = disk_cache_load(cache_dir_, key, hooks_.warn);
+ExecutablePtr Engine::load_from_disk(Graph& g, const CacheKey& key) {
+  auto bytes = disk_cache_.load(key, hooks_.warn);
   if (!bytes) return nullptr;
   TraceSpan span([&] { return compile_event(g, "disk", hooks_); });
   try {
@@ -528,7 +788,7 @@ ExecutablePtr Engine::load_from_disk(Graph& g, const std::string& key) {
   } catch (const std::exception& e) {
     if (hooks_.warn)
       hooks_.warn(std::string("torchtpu: could not load a cached executable (") + e.what() + "); recompiling it");
-    disk_cache_remove(cache_dir_, key);
+    disk_cache_.remove(key);
     return nullptr;
   }
 }
@@ -587,7 +847,8 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
       random_nodes.emplace_back(n, graph.nodes[n]->args.size() - 2);
   }
   run_graph(graph);
-  run.executable = memory_cache_.at(graph.hash);
+  run.executable = memory_cache_.at(graph.hash)->executable;
+  run.checks = graph.check_entries;
   run.graph_hash = graph.hash;
   run.params = graph.params;
   run.float_scalars = graph.float_scalars;
@@ -632,7 +893,7 @@ Engine::ExportedModule Engine::lower_for_export(const std::vector<ValuePtr>& wei
   plan_donation(graph);
   graph.lifted_slots.assign(graph.nodes.size(), {});  // no scalar packs: scalars are constants
   std::vector<std::string> signature;
-  out.text = lower_graph(graph, &signature);
+  out.text = lower_graph(graph, &signature, /*checks=*/nullptr);  // unused checks: XLA drops them
   return out;
 }
 

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "engine/buckets.h"
+#include "engine/checks.h"
+#include "engine/disk_cache.h"
 #include "ir/graph.h"
 #include "runtime/runtime.h"
 
@@ -76,8 +78,12 @@ class Engine {
   void compute(const ValuePtr& value);
   // The buffer of a value, running pending work first (an observation point).
   BufferPtr materialize(const ValuePtr& value);
-  // Runs all pending work; with wait, also waits until the device has finished it.
+  // Runs all pending work; with wait, also waits until the device has finished it (and
+  // raises the first failed runtime check).
   void sync(bool wait, FlushReason reason = FlushReason::Sync);
+  // Raises the first failed runtime check of finished graphs on `device` (a host wait, such
+  // as a download, just ended).
+  void raise_failed_checks(int device);
   int64_t pending_ops() const { return pending_ops_; }
 
   Metrics& metrics() { return metrics_; }
@@ -86,9 +92,14 @@ class Engine {
   Hooks& hooks() { return hooks_; }
 
   void set_cache_dir(const std::string& dir);  // "" disables the disk cache
-  const std::string& cache_dir() const { return cache_dir_; }
+  const std::string& cache_dir() const { return disk_cache_.dir(); }
   void set_dump_dir(const std::string& dir) { dump_dir_ = dir; }
   void set_max_pending_ops(int64_t n) { max_pending_ops_ = n; }
+  // The share of a device's memory torchtpu may fill (torch.tpu.set_per_process_memory_fraction):
+  // an op whose result, or a graph whose results and working space, would not fit raises
+  // DeviceOutOfMemory before anything runs.
+  void set_memory_fraction(int device, double fraction);
+  int64_t memory_budget(int device);
   void clear_memory_cache();
 
   std::recursive_mutex& mutex() { return mutex_; }
@@ -97,6 +108,14 @@ class Engine {
   std::vector<BucketSummary> bucket_summaries();
 
   struct Graph;  // defined in engine.cpp
+  // A compiled graph: its executable and the runtime checks it computes (their flags are
+  // its last result).
+  struct Compiled {
+    ExecutablePtr executable;
+    std::vector<CheckSpec> checks;
+    int64_t memory_needed = 0;  // device memory a run allocates (Runtime::memory_needed)
+  };
+  using CompiledPtr = std::shared_ptr<const Compiled>;
 
   // ---- torch.compile capture support (used by device/capture.cpp) -------------------
   struct CaptureRun {
@@ -106,6 +125,7 @@ class Engine {
     std::vector<double> float_scalars;      // lifted scalars, as passed this time
     std::vector<int64_t> int_scalars;
     std::vector<int> random_seed_slots;     // per random node: int-scalar slot of its seed (offset follows)
+    std::vector<CheckQueue::Entry> checks;  // its runtime checks (pass them to launch)
     uint64_t graph_hash = 0;
   };
   // Compiles (or finds in the caches) and runs the pending graph that computes `roots`
@@ -117,9 +137,12 @@ class Engine {
   BufferPtr upload_float_scalars(const std::vector<double>& values, int device);
   BufferPtr upload_int_scalars(const std::vector<int64_t>& values, int device);
   // Launches an executable on `args` (parameters, then the scalar packs it takes) and
-  // counts it; sync(wait=true) waits for its results. graph_hash names it in traces.
+  // counts it; sync(wait=true) waits for its results. graph_hash names it in traces. An
+  // executable with runtime checks returns their flags last: `checks` says what they mean,
+  // and they are queued, not returned.
   std::vector<BufferPtr> launch(Executable& exe, const std::vector<BufferPtr>& args,
-                                const std::vector<TensorType>& result_types, int device, uint64_t graph_hash);
+                                const std::vector<TensorType>& result_types, int device, uint64_t graph_hash,
+                                const std::vector<CheckQueue::Entry>& checks = {});
   // ---- end of capture support ---------------------------------------------------------
 
   // ---- export (used by device/export.cpp) ------------------------------------------------
@@ -141,13 +164,13 @@ class Engine {
   void plan_donation(Graph& graph);
   void lift_scalars(Graph& graph);
   void hash_graph(Graph& graph);
-  ExecutablePtr find_or_compile(Graph& graph);
+  CompiledPtr find_or_compile(Graph& graph);
   void run_graph(Graph& graph);
   // The steps of compiling one (find_or_compile on a memory-cache miss).
-  ExecutablePtr compile_graph(Graph& graph);
-  std::string lower_graph(const Graph& graph, std::vector<std::string>* signature);
+  CompiledPtr compile_graph(Graph& graph);
+  std::string lower_graph(const Graph& graph, std::vector<std::string>* signature, std::vector<CheckSpec>* checks);
   void dump_module(const Graph& graph, const std::string& text);
-  ExecutablePtr load_from_disk(Graph& graph, const std::string& key);
+  ExecutablePtr load_from_disk(Graph& graph, const CacheKey& key);
   void note_recompilation(const Graph& graph, std::vector<std::string> signature);
   DType scalar_float_dtype();
 
@@ -163,6 +186,32 @@ class Engine {
   void compute_unpadded(const ValuePtr& value);
   std::shared_ptr<BucketState> buckets_ = std::make_shared<BucketState>();
   int bucket_depth_ = 0;  // > 0 while a bucketed graph is being recorded
+  // What recording learns about each node signature (Node::hash) the first time it meets it,
+  // by lowering the node alone: whether it has runtime checks (its origin is then kept).
+  // A node that cannot be lowered raises at once, at the user's line, and never joins a graph.
+  struct NodeFacts {
+    bool checked = false;
+    bool compiled = false;       // part of a graph that compiled: it cannot make one fail
+    std::exception_ptr failure;  // it failed to compile alone: recording it raises this
+  };
+  const NodeFacts& learn_node(Node& node, const std::vector<ValuePtr>& results);
+  void check_fits(const Node& node);
+
+  // A flush is a transaction: when running its graph fails, the pending graph is left as
+  // it was (every pending value stays computable) and the error is explained.
+  enum class Stage { Lowering, Compiling, Running };
+  std::exception_ptr explain_failure(Graph& graph, Stage stage, std::exception_ptr error);
+  // The first node (in graph order) of `candidates` that fails to compile alone, or null.
+  Node* first_failing_node(const std::vector<Node*>& candidates, int device, std::string* message);
+  bool compiles_alone(const std::vector<Node*>& nodes, int device, std::string* message);
+  // Roots that depend on a failed node become failed values (reading them raises its
+  // error) and leave the graph; false when none did.
+  bool drop_failed_roots(Graph& graph);
+  bool some_node_failed_ = false;
+  std::vector<int64_t> memory_limit_;
+  std::vector<double> memory_fraction_;
+  std::unordered_map<uint64_t, NodeFacts> node_facts_;
+  CheckQueue checks_;
 
   std::atomic<Mode> mode_{Mode::Fused};
   std::recursive_mutex mutex_;
@@ -170,10 +219,10 @@ class Engine {
   int64_t pending_ops_ = 0;
   std::string pending_origin_;
   int64_t max_pending_ops_ = 10000;
-  std::unordered_map<uint64_t, ExecutablePtr> memory_cache_;
+  std::unordered_map<uint64_t, CompiledPtr> memory_cache_;
   std::map<std::string, std::vector<std::string>> last_signature_by_origin_;
   std::vector<std::weak_ptr<DeviceBuffer>> last_results_;  // weak: must not block donation
-  std::string cache_dir_;
+  DiskCache disk_cache_;
   std::string dump_dir_;
   Metrics metrics_;
   Hooks hooks_;

@@ -22,10 +22,12 @@ struct Engine::Graph {
   std::vector<double> float_scalars;
   std::vector<int64_t> int_scalars;
   std::vector<std::vector<int>> lifted_slots;
+  std::vector<CheckQueue::Entry> check_entries;  // its runtime checks, once run
   uint64_t hash = 0;
   std::string origin;
   bool donate = true;       // false for captured graphs (their parameters belong to the caller)
   bool bucketable = false;  // a fused flush: may run padded to a bucket of its sizes (buckets.cpp)
+  Stage stage = Stage::Lowering;  // how far running it got (a failure is explained by it)
 };
 
 // Orders the pending nodes reachable from the roots (operands first), without recursion;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,13 @@ struct Node {
   std::vector<TensorType> outputs;
   uint64_t hash = 0;   // op, static args, operand and output types; not operand identity
   int device = 0;
+  // The user's Python line that issued the op, kept where an error may surface after
+  // recording: ops with runtime checks, and the first op of each signature (the only
+  // ones a compile can newly fail on).
+  std::string origin;
+  // Set when the node failed to compile alone (found after its graph failed): values that
+  // depend on it can never be computed, and reading them raises this.
+  std::exception_ptr error;
   ~Node();  // releases its operands' node_uses
 };
 using NodePtr = std::shared_ptr<Node>;
@@ -87,6 +95,9 @@ struct Value {
   // How many pending nodes use this value as an operand. A value held by nothing else is
   // an intermediate: it is not a graph output and its buffer may be donated.
   std::atomic<int> node_uses{0};
+  // Set instead of a buffer when the value can never be computed (an op it depends on failed
+  // to compile, or its buffer was lost to a failed execution): reading it raises this.
+  std::exception_ptr error;
 
   bool pending() const { return node != nullptr; }
   bool padded_only() const { return !node && !buffer && padded; }

@@ -2,6 +2,7 @@
 #include "lowering/common.h"
 
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 
 namespace torchtpu {
@@ -207,6 +208,94 @@ V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& update
                       std::to_string(idx.type.rank()) + ">, unique_indices = false";
   V out = ctx.emit("stablehlo.scatter", {flat, idx, ctx.convert(updates, x.type.dtype)}, flat.type, attrs, body);
   return ctx.reshape(out, x.type.shape);
+}
+
+}  // namespace torchtpu
+
+// --- Checked indexing ---------------------------------------------------------------------
+namespace torchtpu {
+
+IndexCheck bounds_check(int64_t dim, int64_t size, bool negative_ok, RuntimeCheck::Error error) {
+  return IndexCheck{error,
+                    "index {} is out of bounds for dimension " + std::to_string(dim) + " with size " +
+                        std::to_string(size),
+                    negative_ok};
+}
+
+IndexCheck range_check() { return IndexCheck{RuntimeCheck::Error::Index, "index out of range in self", false}; }
+
+V checked_index(LoweringContext& ctx, const V& index, int64_t size, DType dtype, const IndexCheck* check) {
+  // Compared as int64: an int64 index beyond the int32 range must not wrap into range.
+  V i = ctx.convert(index, DType::Int64);
+  const auto& shape = i.type.shape;
+  bool negative_ok = !check || check->negative_ok;
+  if (check) {
+    V below = ctx.compare("LT", i, ctx.constant_int(negative_ok ? -size : 0, DType::Int64, shape));
+    V above = ctx.compare("GE", i, ctx.constant_int(size, DType::Int64, shape));
+    ctx.check(ctx.emit("stablehlo.or", {below, above}, below.type), i, RuntimeCheck{check->error, check->message});
+  }
+  if (negative_ok) {
+    V wrapped = ctx.binary("stablehlo.add", i, ctx.constant_int(size, DType::Int64, shape));
+    i = ctx.select(ctx.compare("LT", i, ctx.constant_int(0, DType::Int64, shape)), wrapped, i);
+  }
+  return ctx.convert(i, dtype);
+}
+
+}  // namespace torchtpu
+
+namespace torchtpu {
+
+void check_integer_divisor(LoweringContext& ctx, const Node& node, int arg, const V& b) {
+  const Arg& a = node.args.at(arg);
+  if (a.kind != Arg::Kind::Tensor && !a.lifted && a.as_double() == 0.0) throw std::runtime_error("ZeroDivisionError");
+  ctx.check(ctx.compare("EQ", b, ctx.constant_int(0, b.type.dtype, b.type.shape)), V{},
+            RuntimeCheck{RuntimeCheck::Error::Runtime, "ZeroDivisionError"});
+}
+
+}  // namespace torchtpu
+
+namespace torchtpu {
+
+const char* cpp_type_name(DType dtype) {
+  switch (dtype) {
+    case DType::UInt8: return "unsigned char";
+    case DType::Int8: return "signed char";
+    case DType::Int16: return "short int";
+    case DType::Int32: return "int";
+    case DType::Int64: return "long int";
+    case DType::Float16: return "c10::Half";
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+    case DType::Bool: return "bool";
+    case DType::BFloat16: return "c10::BFloat16";
+  }
+  return "?";
+}
+
+const char* scalar_type_name(DType dtype) {
+  switch (dtype) {
+    case DType::UInt8: return "Byte";
+    case DType::Int8: return "Char";
+    case DType::Int16: return "Short";
+    case DType::Int32: return "Int";
+    case DType::Int64: return "Long";
+    case DType::Float16: return "Half";
+    case DType::Float32: return "Float";
+    case DType::Float64: return "Double";
+    case DType::Bool: return "Bool";
+    case DType::BFloat16: return "BFloat16";
+  }
+  return "?";
+}
+
+std::string format_number(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+void check_argument(bool condition, const std::string& message) {
+  if (!condition) throw std::runtime_error(message);
 }
 
 }  // namespace torchtpu

@@ -1,6 +1,8 @@
 // Helpers shared by the lowering families: type promotion and operand preparation.
 #pragma once
 
+#include <string>
+
 #include "ir/graph.h"
 #include "lowering/registry.h"
 #include "stablehlo/builder.h"
@@ -82,4 +84,47 @@ V gather_linear(LoweringContext& ctx, const V& x, const V& idx);
 // x with `updates` (idx's shape) combined at linear positions idx: combine is nullptr to
 // overwrite or a StableHLO binary op ("stablehlo.add", "stablehlo.maximum", ...).
 V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, const char* combine);
+}  // namespace torchtpu
+
+// --- Checked indexing ---------------------------------------------------------------------
+// XLA clamps out-of-range gather/scatter indices; PyTorch raises. Every lowering that indexes
+// with a user's tensor reads it through checked_index, which also emits a runtime check
+// (LoweringContext::check): the op raises PyTorch's CPU error when the host next waits.
+namespace torchtpu {
+// How an op reports an index out of range, in its CPU kernel's wording.
+struct IndexCheck {
+  RuntimeCheck::Error error = RuntimeCheck::Error::Index;
+  std::string message;      // "{}" is the offending index
+  bool negative_ok = true;  // indices in [-size, 0) count from the end
+};
+// "index {} is out of bounds for dimension D with size S" (index, index_put, gather, scatter).
+IndexCheck bounds_check(int64_t dim, int64_t size, bool negative_ok, RuntimeCheck::Error error);
+// "index out of range in self" (index_select, index_add, embedding): no negative indices.
+IndexCheck range_check();
+// A user's index tensor as positions in [0, size) of `dtype`: negative indices wrapped where
+// `check` allows them. Out-of-range indices fail the op at run time; with `check` null (the
+// _unsafe_ ops, indices a forward op already checked) they are only wrapped.
+V checked_index(LoweringContext& ctx, const V& index, int64_t size, DType dtype, const IndexCheck* check);
+}  // namespace torchtpu
+
+// --- Integer division by zero -------------------------------------------------------------
+namespace torchtpu {
+// CPU raises RuntimeError("ZeroDivisionError") for an integer division or remainder by zero:
+// at once for a divisor given as a number (argument `arg`), else at run time where the
+// divisor `b` is zero.
+void check_integer_divisor(LoweringContext& ctx, const Node& node, int arg, const V& b);
+}  // namespace torchtpu
+
+// --- Argument checks CPU kernels make and meta kernels do not ------------------------------
+// A lowering that throws raises at the op, in every mode (the engine lowers each new node
+// signature alone when it is recorded), so these checks cost a steady loop nothing.
+namespace torchtpu {
+// PyTorch's names of a dtype in its messages: the C++ type ("long int", "c10::Half", as
+// caffe2::TypeMeta prints it) and the scalar type ("Long", "Half", as c10::toString does).
+const char* cpp_type_name(DType dtype);
+const char* scalar_type_name(DType dtype);
+// A number as PyTorch's C++ messages print it (ostream defaults: 5, -0.1, 1e+20).
+std::string format_number(double value);
+// Throws RuntimeError(message) unless `condition`.
+void check_argument(bool condition, const std::string& message);
 }  // namespace torchtpu

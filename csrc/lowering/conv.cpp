@@ -104,6 +104,15 @@ V conv_weight_grad(LoweringContext& ctx, const V& lhs, const V& g, const ConvPar
 // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 void lower_convolution(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
+  // CPU's checks, in its order and words.
+  DType input = ctx.input(node, 0).type.dtype, weight = ctx.input(node, 1).type.dtype;
+  check_argument(input == weight, std::string("expected scalar type ") + scalar_type_name(input) + " but found " +
+                                      scalar_type_name(weight));
+  if (ctx.has_input(node, 2)) {
+    DType bias = ctx.input(node, 2).type.dtype;
+    check_argument(input == bias, std::string("Input type (") + cpp_type_name(input) + ") and bias type (" +
+                                      cpp_type_name(bias) + ") should be the same");
+  }
   V x = ctx.convert(ctx.input(node, 0), out.dtype);
   V w = ctx.convert(ctx.input(node, 1), out.dtype);
   int64_t k = x.type.rank() - 2;

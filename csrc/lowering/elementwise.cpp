@@ -78,6 +78,7 @@ void lower_div(LoweringContext& ctx, const Node& node) {
   // Integer division: stablehlo.divide truncates; floor mode adjusts when signs differ.
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
+  check_integer_divisor(ctx, node, 1, b);
   V q = ctx.binary("stablehlo.divide", a, b);
   if (mode == "floor" && out.dtype != DType::UInt8) {
     V r = ctx.binary("stablehlo.remainder", a, b);

@@ -11,13 +11,11 @@
 namespace torchtpu {
 namespace {
 
-// A user index tensor as positions along a dimension of `size`: converted and wrapped
-// (negative indices count from the end).
-V wrap_index(LoweringContext& ctx, const V& index, int64_t size, DType dtype) {
-  V i = ctx.convert(index, dtype);
-  V zero = ctx.constant_int(0, dtype, i.type.shape);
-  V wrapped = ctx.binary("stablehlo.add", i, ctx.constant_int(size, dtype, i.type.shape));
-  return ctx.select(ctx.compare("LT", i, zero), wrapped, i);
+// The _unsafe_ variants (used by PyTorch's decompositions, whose indices are in range by
+// construction) skip the runtime check.
+bool checked(const Node& node) {
+  const char* data = rule_data(node);
+  return !data || std::string(data) != "unchecked";
 }
 
 std::vector<int64_t> broadcast_shapes(const std::vector<std::vector<int64_t>>& shapes) {
@@ -50,6 +48,7 @@ V advanced_positions(LoweringContext& ctx, const Node& node, const V& x, int arg
     dims.push_back(static_cast<int>(k));
     idx.push_back(v);
   }
+  bool check = checked(node);
   std::vector<std::vector<int64_t>> shapes;
   for (const V& v : idx) shapes.push_back(v.type.shape);
   std::vector<int64_t> b = broadcast_shapes(shapes);
@@ -78,7 +77,9 @@ V advanced_positions(LoweringContext& ctx, const Node& node, const V& x, int arg
   std::vector<int64_t> b_dims;
   for (size_t i = 0; i < b.size(); ++i) b_dims.push_back(b_start + static_cast<int64_t>(i));
   for (size_t k = 0; k < dims.size(); ++k) {
-    V i = wrap_index(ctx, idx[k], shape[dims[k]], it);
+    // CPU names the k-th index tensor's position among those given as its dimension.
+    IndexCheck bounds = bounds_check(static_cast<int64_t>(k), shape[dims[k]], true, RuntimeCheck::Error::Index);
+    V i = checked_index(ctx, idx[k], shape[dims[k]], it, check ? &bounds : nullptr);
     i = ctx.broadcast_to(i, b);
     if (strides[dims[k]] != 1) i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(strides[dims[k]], it, b));
     total = ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(i, out, b_dims));
@@ -157,12 +158,17 @@ V along_dim_positions(LoweringContext& ctx, const V& self, int64_t dim, const V&
   std::vector<int64_t> strides = contiguous_strides(self.type.shape);
   const auto& shape = index.type.shape;
   DType it = index_dtype(self.type.numel());
-  if (self.type.rank() == 0) return ctx.constant_int(0, it, shape);
+  int64_t size = self.type.rank() == 0 ? 1 : self.type.shape[dim];
+  IndexCheck bounds = bounds_check(dim, size, false, RuntimeCheck::Error::Runtime);
+  if (self.type.rank() == 0) {
+    checked_index(ctx, index, size, it, &bounds);
+    return ctx.constant_int(0, it, shape);
+  }
   std::vector<int64_t> coefs(shape.size(), 0);
   for (size_t d = 0; d < shape.size(); ++d)
     if (static_cast<int64_t>(d) != dim) coefs[d] = strides[d];
   V total = affine_index(ctx, shape, coefs, 0, it);
-  V i = wrap_index(ctx, index, self.type.shape[dim], it);
+  V i = checked_index(ctx, index, size, it, &bounds);
   if (strides[dim] != 1) i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(strides[dim], it, shape));
   return ctx.binary("stablehlo.add", total, i);
 }
@@ -180,7 +186,9 @@ void lower_index_select(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
   V index = ctx.input(node, 2);
+  IndexCheck range = range_check();
   if (x.type.rank() == 0) {
+    checked_index(ctx, index, 1, DType::Int64, &range);
     ctx.set_result(ctx.reshape(x, out.shape));
     return;
   }
@@ -190,7 +198,7 @@ void lower_index_select(LoweringContext& ctx, const Node& node) {
   std::vector<int64_t> coefs = strides;
   coefs[dim] = 0;
   V total = affine_index(ctx, out.shape, coefs, 0, it);
-  V i = wrap_index(ctx, ctx.reshape(index, {out.shape[dim]}), x.type.shape[dim], it);
+  V i = checked_index(ctx, ctx.reshape(index, {out.shape[dim]}), x.type.shape[dim], it, &range);
   if (strides[dim] != 1) i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(strides[dim], it, i.type.shape));
   total = ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(i, out.shape, {dim}));
   ctx.set_result(gather_linear(ctx, x, total));
@@ -278,7 +286,9 @@ void lower_index_add(LoweringContext& ctx, const Node& node) {
     if (alpha.lifted || alpha.as_double() != 1.0)
       source = ctx.binary("stablehlo.multiply", source, ctx.broadcast_to(ctx.scalar(node, 4, dt), source.type.shape));
   }
+  IndexCheck range = range_check();
   if (x.type.rank() == 0) {
+    checked_index(ctx, ctx.input(node, 2), 1, DType::Int64, &range);
     V pos = ctx.constant_int(0, DType::Int32, source.type.shape);
     ctx.set_result(scatter_linear(ctx, x, pos, source, combiner("add", dt)));
     return;
@@ -292,7 +302,7 @@ void lower_index_add(LoweringContext& ctx, const Node& node) {
   std::vector<int64_t> src_shape = shape;
   if (src_shape.empty()) src_shape = {1};
   V total = affine_index(ctx, src_shape, coefs, 0, it);
-  V i = wrap_index(ctx, ctx.reshape(ctx.input(node, 2), {src_shape[dim]}), x.type.shape[dim], it);
+  V i = checked_index(ctx, ctx.reshape(ctx.input(node, 2), {src_shape[dim]}), x.type.shape[dim], it, &range);
   if (strides[dim] != 1) i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(strides[dim], it, i.type.shape));
   total = ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(i, src_shape, {dim}));
   ctx.set_result(scatter_linear(ctx, x, total, ctx.reshape(source, src_shape), combiner("add", dt)));
@@ -332,6 +342,9 @@ void lower_masked_scatter(LoweringContext& ctx, const Node& node) {
   }
   DType it = index_dtype(std::max(out.numel(), source.type.numel()) + 1);
   V flat_mask = ctx.reshape(mask, {out.numel()});
+  V count = ctx.reduce(ctx.convert(flat_mask, DType::Int64), {0}, ctx.constant_int(0, DType::Int64), "stablehlo.add");
+  ctx.check(ctx.compare("GT", count, ctx.constant_int(source.type.numel(), DType::Int64)), V{},
+            RuntimeCheck{RuntimeCheck::Error::Runtime, "Number of elements of source < number of ones in mask"});
   V pos = ctx.binary("stablehlo.subtract", cumsum_1d(ctx, ctx.convert(flat_mask, it)),
                      ctx.constant_int(1, it, {out.numel()}));
   pos = ctx.binary("stablehlo.maximum", pos, ctx.constant_int(0, it, {out.numel()}));
@@ -370,7 +383,8 @@ void lower_embedding(LoweringContext& ctx, const Node& node) {
   V pos = affine_index(ctx, out.shape, coefs, 0, it);
   std::vector<int64_t> lead;
   for (int64_t d = 0; d < idx.type.rank(); ++d) lead.push_back(d);
-  V i = wrap_index(ctx, idx, rows, it);
+  IndexCheck range = range_check();
+  V i = checked_index(ctx, idx, rows, it, &range);
   i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(width, it, i.type.shape));
   pos = ctx.binary("stablehlo.add", pos, ctx.broadcast_in_dim(i, out.shape, lead));
   ctx.set_result(gather_linear(ctx, w, pos));
@@ -387,7 +401,7 @@ void lower_embedding_backward(LoweringContext& ctx, const Node& node) {
   DType it = index_dtype(out.numel() + 1);
   int64_t n = idx.type.numel();
   grad = ctx.reshape(grad, {n, width});
-  V flat_idx = wrap_index(ctx, ctx.reshape(idx, {n}), rows, it);
+  V flat_idx = checked_index(ctx, ctx.reshape(idx, {n}), rows, it, nullptr);  // embedding checked them
   std::vector<int64_t> gshape{n, width};
   if (padding_idx >= 0) {
     V keep = ctx.compare("NE", flat_idx, ctx.constant_int(padding_idx, it, {n}));
@@ -462,6 +476,12 @@ void lower_topk(LoweringContext& ctx, const Node& node) {
 void lower_one_hot(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V idx = ctx.convert(ctx.input(node, 0), DType::Int64);
+  // CPU checks the smallest class first, then the largest.
+  const auto& shape = idx.type.shape;
+  ctx.check(ctx.compare("LT", idx, ctx.constant_int(0, DType::Int64, shape)), idx,
+            RuntimeCheck{RuntimeCheck::Error::Runtime, "Class values must be non-negative."});
+  ctx.check(ctx.compare("GE", idx, ctx.constant_int(out.shape.back(), DType::Int64, shape)), idx,
+            RuntimeCheck{RuntimeCheck::Error::Runtime, "Class values must be smaller than num_classes."});
   std::vector<int64_t> lead;
   for (int64_t d = 0; d < idx.type.rank(); ++d) lead.push_back(d);
   V hot = ctx.compare("EQ", ctx.broadcast_in_dim(idx, out.shape, lead),
@@ -471,10 +491,10 @@ void lower_one_hot(LoweringContext& ctx, const Node& node) {
 
 LOWERING("aten::one_hot", lower_one_hot);
 LOWERING("aten::index.Tensor", lower_index);
-LOWERING("aten::_unsafe_index.Tensor", lower_index);
+LOWERING("aten::_unsafe_index.Tensor", lower_index, "unchecked");
 LOWERING("aten::index_put", lower_index_put);
 LOWERING("aten::_index_put_impl", lower_index_put);
-LOWERING("aten::_unsafe_index_put", lower_index_put);
+LOWERING("aten::_unsafe_index_put", lower_index_put, "unchecked");
 LOWERING("aten::index_select", lower_index_select);
 LOWERING("aten::gather", lower_gather);
 LOWERING("aten::scatter.src", lower_scatter);

@@ -47,7 +47,8 @@ struct NllParts {
   int64_t class_dim;
 };
 
-NllParts nll_parts(LoweringContext& ctx, const Node& node, int self_arg, DType dtype) {
+// The forward checks the targets (the backward reads the same ones).
+NllParts nll_parts(LoweringContext& ctx, const Node& node, int self_arg, DType dtype, bool check_targets) {
   V self = ctx.input(node, self_arg);
   V target = ctx.input(node, self_arg + 1);
   int weight_arg = self_arg + 2;
@@ -60,6 +61,14 @@ NllParts nll_parts(LoweringContext& ctx, const Node& node, int self_arg, DType d
   for (int64_t i = 0; i < self.type.rank(); ++i)
     if (i != p.class_dim) target_dims.push_back(i);
   V t = ctx.convert(target, DType::Int64);
+  if (check_targets) {
+    const auto& ts = t.type.shape;
+    V below = ctx.compare("LT", t, ctx.constant_int(0, DType::Int64, ts));
+    V above = ctx.compare("GE", t, ctx.constant_int(C, DType::Int64, ts));
+    V counted = ctx.compare("NE", t, ctx.constant_int(ignore, DType::Int64, ts));
+    V bad = ctx.emit("stablehlo.and", {counted, ctx.emit("stablehlo.or", {below, above}, below.type)}, below.type);
+    ctx.check(bad, t, RuntimeCheck{RuntimeCheck::Error::Index, "Target {} is out of bounds."});
+  }
   V classes = ctx.iota(TensorType{shape, DType::Int64}, p.class_dim);
   p.onehot = ctx.compare("EQ", classes, ctx.broadcast_in_dim(t, shape, target_dims));
   V w;
@@ -69,7 +78,6 @@ NllParts nll_parts(LoweringContext& ctx, const Node& node, int self_arg, DType d
   } else {
     w = ctx.constant(1, dtype, t.type.shape);
   }
-  (void)C;
   V keep = ctx.compare("NE", t, ctx.constant_int(ignore, DType::Int64, t.type.shape));
   p.weight = ctx.select(keep, w, ctx.constant(0, dtype, t.type.shape));
   return p;
@@ -80,7 +88,7 @@ void lower_nll_loss(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   DType acc = acc_dtype(out.dtype);
   V self = ctx.convert(ctx.input(node, 0), acc);
-  NllParts p = nll_parts(ctx, node, 0, acc);
+  NllParts p = nll_parts(ctx, node, 0, acc, /*check_targets=*/true);
   int64_t reduction = node.args[3].as_int();
   V picked = sum_dims(ctx, ctx.select(p.onehot, self, full(ctx, 0, self)), {p.class_dim});
   V loss = ctx.unary("stablehlo.negate", mul(ctx, picked, p.weight));
@@ -101,7 +109,7 @@ void lower_nll_loss(LoweringContext& ctx, const Node& node) {
 void lower_nll_loss_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   DType acc = acc_dtype(out.dtype);
-  NllParts p = nll_parts(ctx, node, 1, acc);
+  NllParts p = nll_parts(ctx, node, 1, acc, /*check_targets=*/false);
   int64_t reduction = node.args[4].as_int();
   V g = ctx.convert(ctx.input(node, 0), acc);
   if (reduction == 0) {

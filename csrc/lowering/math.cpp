@@ -381,6 +381,7 @@ void lower_remainder(LoweringContext& ctx, const Node& node) {
   bool half = compute_dtype(out.dtype) != out.dtype;
   Ex e = make_ex(ctx, half ? DType::Float32 : out.dtype, out.shape);
   V a = e.arg(node, 0), b = e.arg(node, 1);
+  if (!is_floating(out.dtype)) check_integer_divisor(ctx, node, 1, b);
   V mod = ctx.binary("stablehlo.remainder", a, b);
   if (std::string(rule_data(node)) == "remainder") {
     V zero = e.k(0);

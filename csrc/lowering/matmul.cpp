@@ -18,9 +18,31 @@ V beta_self_plus_alpha(LoweringContext& ctx, const Node& node, V product) {
   return ctx.binary("stablehlo.add", self, product);
 }
 
+// CPU's dtype checks (the meta kernels promote instead): mm's, and the add* family's.
+void check_mm_dtypes(const V& m1, const V& m2) {
+  check_argument(m1.type.dtype == m2.type.dtype, std::string("expected m1 and m2 to have the same dtype, but got: ") +
+                                                     cpp_type_name(m1.type.dtype) + " != " + cpp_type_name(m2.type.dtype));
+}
+
+void check_addmm_dtypes(const V& self, const V& mat1, const V& mat2) {
+  check_argument(self.type.dtype == mat2.type.dtype, std::string("self and mat2 must have the same dtype, but got ") +
+                                                         scalar_type_name(self.type.dtype) + " and " +
+                                                         scalar_type_name(mat2.type.dtype));
+  check_argument(mat1.type.dtype == mat2.type.dtype, std::string("mat1 and mat2 must have the same dtype, but got ") +
+                                                         scalar_type_name(mat1.type.dtype) + " and " +
+                                                         scalar_type_name(mat2.type.dtype));
+}
+
+void check_addmv_dtypes(DType self, const V& mat, const V& vec) {
+  check_argument(self == mat.type.dtype && mat.type.dtype == vec.type.dtype,
+                 std::string("addmv input tensors must have the same dtype, but got ") + scalar_type_name(self) + ", " +
+                     scalar_type_name(mat.type.dtype) + ", and " + scalar_type_name(vec.type.dtype));
+}
+
 // mm(self, mat2) and bmm(self, mat2): contract the last dim of self with mat2's dim -2.
 void lower_matmul(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
+  check_mm_dtypes(ctx.input(node, 0), ctx.input(node, 1));
   V a = ctx.convert(ctx.input(node, 0), out.dtype);
   V b = ctx.convert(ctx.input(node, 1), out.dtype);
   if (a.type.rank() == 3)
@@ -32,6 +54,7 @@ void lower_matmul(LoweringContext& ctx, const Node& node) {
 // addmm(self, mat1, mat2, beta, alpha) and baddbmm: beta * self + alpha * (mat1 @ mat2).
 void lower_addmm(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
+  check_addmm_dtypes(ctx.input(node, 0), ctx.input(node, 1), ctx.input(node, 2));
   V a = ctx.convert(ctx.input(node, 1), out.dtype);
   V b = ctx.convert(ctx.input(node, 2), out.dtype);
   V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {0}, {0}, {2}, {1}, out)
@@ -42,6 +65,8 @@ void lower_addmm(LoweringContext& ctx, const Node& node) {
 // mv(self, vec), dot(self, tensor): contract the last dim of self with the vector.
 void lower_mv_dot(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
+  // mv runs as addmv into a result of the vector's dtype.
+  if (node.op.name() == "aten::mv") check_addmv_dtypes(ctx.input(node, 1).type.dtype, ctx.input(node, 0), ctx.input(node, 1));
   V a = ctx.convert(ctx.input(node, 0), out.dtype);
   V b = ctx.convert(ctx.input(node, 1), out.dtype);
   ctx.set_result(ctx.dot_general(a, b, {}, {}, {a.type.rank() - 1}, {0}, out));
@@ -51,6 +76,8 @@ void lower_mv_dot(LoweringContext& ctx, const Node& node) {
 // beta * self + alpha * product (addbmm sums the batch of products).
 void lower_addmv_addbmm(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
+  if (ctx.input(node, 1).type.rank() == 3) check_addmm_dtypes(ctx.input(node, 0), ctx.input(node, 1), ctx.input(node, 2));
+  else check_addmv_dtypes(ctx.input(node, 0).type.dtype, ctx.input(node, 1), ctx.input(node, 2));
   V a = ctx.convert(ctx.input(node, 1), out.dtype);
   V b = ctx.convert(ctx.input(node, 2), out.dtype);
   V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {}, {}, {0, 2}, {0, 1}, out)  // sum over batch and k

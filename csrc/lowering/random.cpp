@@ -23,11 +23,53 @@ V standard_normal(LoweringContext& ctx, const Node& node, const std::vector<int6
   return ctx.binary("stablehlo.multiply", radius, ctx.unary("stablehlo.cosine", angle));
 }
 
+// The finite range of a floating dtype.
+double lowest(DType dtype) {
+  switch (dtype) {
+    case DType::Float16: return -65504.0;
+    case DType::BFloat16: return -3.3895313892515355e38;
+    case DType::Float32: return std::numeric_limits<float>::lowest();
+    default: return std::numeric_limits<double>::lowest();
+  }
+}
+
+// The range of values of a dtype, as int64 (CPU checks random_'s bounds against it).
+std::pair<int64_t, int64_t> integer_bounds(DType dtype) {
+  switch (dtype) {
+    case DType::Bool: return {0, 1};
+    case DType::UInt8: return {0, 255};
+    case DType::Int8: return {-128, 127};
+    case DType::Int16: return {-32768, 32767};
+    case DType::Int32: return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+    default: return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
+  }
+}
+
+void check_in_range(double value, const char* name, double low, double high, DType dtype) {
+  check_argument(value >= low && value <= high, std::string(name) + " is out of bounds for " + cpp_type_name(dtype));
+}
+
+// CPU's check_from_to_in_range: `from` and `to - 1` must be values of the dtype.
+void check_random_bounds(int64_t from, int64_t to_inclusive, DType dtype) {
+  if (is_floating(dtype)) {
+    check_in_range(static_cast<double>(from), "from", lowest(dtype), -lowest(dtype), dtype);
+    check_in_range(static_cast<double>(to_inclusive), "to - 1", lowest(dtype), -lowest(dtype), dtype);
+  } else {
+    auto [low, high] = integer_bounds(dtype);
+    check_in_range(static_cast<double>(from), "from", static_cast<double>(low), static_cast<double>(high), dtype);
+    check_argument(to_inclusive >= low && to_inclusive <= high, std::string("to - 1 is out of bounds for ") + cpp_type_name(dtype));
+  }
+}
+
 // uniform(self, from, to, generator)
 void lower_uniform(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   DType ct = float_compute(out.dtype);
   double from = node.args[1].as_double(), to = node.args[2].as_double();
+  check_in_range(from, "from", lowest(out.dtype), -lowest(out.dtype), out.dtype);
+  check_in_range(to, "to", lowest(out.dtype), -lowest(out.dtype), out.dtype);
+  check_argument(from <= to, "uniform_ expects to return a [from, to) range, but found from=" + format_number(from) +
+                                 " > to=" + format_number(to));
   V u = ctx.random_uniform(node, out.shape, ct);
   V r = ctx.binary("stablehlo.add", ctx.constant(from, ct, out.shape),
                    ctx.binary("stablehlo.multiply", u, ctx.constant(to - from, ct, out.shape)));
@@ -44,8 +86,16 @@ void lower_normal(LoweringContext& ctx, const Node& node) {
   V z = standard_normal(ctx, node, out.shape, ct);
   V mean = ctx.has_input(node, mean_arg) ? to_type(ctx, ctx.input(node, mean_arg), ct, out.shape)
                                          : ctx.constant(node.args[mean_arg].as_double(), ct, out.shape);
-  V std = ctx.has_input(node, mean_arg + 1) ? to_type(ctx, ctx.input(node, mean_arg + 1), ct, out.shape)
-                                            : ctx.constant(node.args[mean_arg + 1].as_double(), ct, out.shape);
+  V std;
+  if (ctx.has_input(node, mean_arg + 1)) {
+    std = to_type(ctx, ctx.input(node, mean_arg + 1), ct, out.shape);
+    ctx.check(ctx.compare("LT", std, ctx.constant(0, ct, out.shape)), V{},
+              RuntimeCheck{RuntimeCheck::Error::Runtime, "normal expects all elements of std >= 0.0"});
+  } else {
+    double s = node.args[mean_arg + 1].as_double();
+    check_argument(s >= 0.0, "normal expects std >= 0.0, but found std " + format_number(s));
+    std = ctx.constant(s, ct, out.shape);
+  }
   ctx.set_result(ctx.convert(ctx.binary("stablehlo.add", mean, ctx.binary("stablehlo.multiply", std, z)), out.dtype));
 }
 
@@ -59,6 +109,18 @@ void lower_bernoulli(LoweringContext& ctx, const Node& node) {
   if (ctx.has_input(node, 1)) p = to_type(ctx, ctx.input(node, 1), ct, out.shape);
   else if (rule_data(node)) p = ctx.constant(node.args[1].as_double(), ct, out.shape);  // .p
   else p = to_type(ctx, ctx.input(node, 0), ct, out.shape);                           // bernoulli(self)
+  if (rule_data(node)) {
+    double value = node.args[1].as_double();
+    check_argument(value >= 0 && value <= 1, "bernoulli_ expects p to be in [0, 1], but got p=" + format_number(value));
+  } else {
+    V outside = ctx.emit("stablehlo.or", {ctx.compare("LT", p, ctx.constant(0, ct, out.shape)),
+                                          ctx.compare("GT", p, ctx.constant(1, ct, out.shape))},
+                         TensorType{out.shape, DType::Bool});
+    ctx.check(outside, V{},
+              RuntimeCheck{RuntimeCheck::Error::Runtime,
+                           "Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error message be "
+                           "improved?  If so, please report an enhancement request to PyTorch.)"});
+  }
   V u = ctx.random_uniform(node, out.shape, ct);
   ctx.set_result(ctx.convert(ctx.compare("LT", u, p), out.dtype));
 }
@@ -84,15 +146,19 @@ void lower_random(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   std::string kind = rule_data(node);
   int64_t from = 0, range = 0;
-  if (kind == "from") {
-    from = node.args[1].i;
-    if (!node.args[2].is_none()) range = node.args[2].i - from;
-    else {
+  if (kind == "from" || kind == "to") {
+    from = kind == "from" ? node.args[1].i : 0;
+    const Arg& to_arg = node.args[kind == "from" ? 2 : 1];
+    if (!to_arg.is_none()) {
+      int64_t to = to_arg.i;
+      check_argument(from < to, "random_ expects 'from' to be less than 'to', but got from=" + std::to_string(from) +
+                                    " >= to=" + std::to_string(to));
+      check_random_bounds(from, to - 1, out.dtype);
+      range = to - from;
+    } else {
       int64_t top = mantissa_range(out.dtype);
       range = top == 0 ? std::numeric_limits<int64_t>::max() - from : top - from;
     }
-  } else if (kind == "to") {
-    range = node.args[1].i;
   } else {
     range = mantissa_range(out.dtype);
   }
@@ -106,6 +172,8 @@ void lower_random(LoweringContext& ctx, const Node& node) {
 // exponential(self, lambd): -log(1 - u) / lambd
 void lower_exponential(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
+  double lambda = node.args[1].as_double();
+  check_argument(lambda > 0.0, "exponential_ expects lambda > 0.0, but found lambda=" + format_number(lambda));
   DType ct = float_compute(out.dtype);
   V u = ctx.random_uniform(node, out.shape, ct);
   V e = ctx.unary("stablehlo.negate", ctx.unary("stablehlo.log_plus_one", ctx.unary("stablehlo.negate", u)));

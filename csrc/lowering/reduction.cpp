@@ -79,6 +79,8 @@ void lower_var_std(LoweringContext& ctx, const Node& node) {
   std::string f = rule_data(node);
   const TensorType& out = ctx.out(node);
   V x0 = ctx.input(node, 0);
+  check_argument(is_floating(x0.type.dtype), (f == "var" || f == "std" ? std::string("std and var") : f) +
+                                                 " only support floating point and complex dtypes");
   std::vector<int64_t> dims = reduced_dims(node, 1, x0.type.rank());
   DType acc = acc_dtype(out.dtype);
   V x = ctx.convert(x0, acc);

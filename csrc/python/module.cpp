@@ -12,6 +12,7 @@
 #include "device/interop.h"
 #include "device/kernels.h"
 #include "device/memory.h"
+#include "device/snapshot.h"
 #include "device/profiler.h"
 #include "device/tensor.h"
 #include "engine/engine.h"
@@ -140,7 +141,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_mode", [](const std::string& mode) { Engine::get().set_mode(parse_mode(mode)); },
         py::call_guard<py::gil_scoped_release>());
   m.def("get_mode", [] { return std::string(mode_name(Engine::get().mode())); });
-  m.def("sync", [](bool wait, const std::string& reason) { Engine::get().sync(wait, parse_flush_reason(reason)); },
+  m.def("sync", [](bool wait, const std::string& reason) { translate_errors([&] { Engine::get().sync(wait, parse_flush_reason(reason)); }); },
         py::arg("wait") = false, py::arg("reason") = "sync", py::call_guard<py::gil_scoped_release>());
   m.def("pending_ops", [] { return Engine::get().pending_ops(); });
   m.def("counters", &counters);
@@ -166,6 +167,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("cache_dir", [] { return Engine::get().cache_dir(); });
   m.def("set_dump_dir", [](const std::string& dir) { Engine::get().set_dump_dir(dir); });
   m.def("set_max_pending_ops", [](int64_t n) { Engine::get().set_max_pending_ops(n); });
+  m.def("set_memory_fraction", [](int device, double fraction) {
+    translate_errors([&] { Engine::get().set_memory_fraction(device, fraction); });
+  });
+  m.def("memory_budget", [](int device) { return translate_errors([&] { return Engine::get().memory_budget(device); }); });
   m.def("clear_memory_cache", [] { Engine::get().clear_memory_cache(); }, py::call_guard<py::gil_scoped_release>());
   m.def("set_fallback_policy", &set_fallback_policy);
   m.def("lowered_ops", &compile_lowered_ops);
@@ -237,6 +242,15 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     return call_stablehlo(key, inputs);
   });
+
+  // ---- optimizer steps as transactions (device/snapshot.h, torchtpu/_patches.py) ----------
+  py::class_<ValueSnapshot>(m, "_ValueSnapshot");
+  m.def("take_snapshot", [](const py::sequence& items) {
+    std::vector<at::Tensor> tensors;
+    for (const py::handle& item : items) tensors.push_back(THPVariable_Unpack(item.ptr()));
+    return translate_errors([&] { return take_snapshot(tensors); });
+  });
+  m.def("restore_snapshot", [](const ValueSnapshot& s) { return translate_errors([&] { return restore_snapshot(s); }); });
 
   // ---- torch.compile: captured graphs (device/capture.h, torchtpu/compiler.py) ----------
   struct CaptureHandle {

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <unistd.h>
+
 #include "runtime/jaxlib_runtime.h"
 #include "runtime/runtime.h"
 
@@ -224,6 +226,59 @@ class JaxlibRuntime final : public Runtime {
       static_cast<const JaxBuffer&>(buffer).array.attr("block_until_ready")();
     } catch (py::error_already_set& e) {
       rethrow("running a graph", e);
+    }
+  }
+
+  bool is_ready(const DeviceBuffer& buffer) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return static_cast<const JaxBuffer&>(buffer).array.attr("is_ready")().cast<bool>();
+    } catch (py::error_already_set& e) {
+      rethrow("running a graph", e);
+    }
+  }
+
+  void download_bytes(const DeviceBuffer& buffer, void* out) override {
+    DLManagedTensor* managed = download(buffer);
+    py::gil_scoped_acquire gil;  // the deleter may release Python objects
+    const DLTensor& t = managed->dl_tensor;
+    std::memcpy(out, static_cast<const char*>(t.data) + t.byte_offset, static_cast<size_t>(buffer.type.nbytes()));
+    if (managed->deleter) managed->deleter(managed);
+  }
+
+  int64_t memory_limit(int device) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object stats = devices_[device].attr("memory_stats")();
+      if (!stats.is_none()) {
+        py::dict d = stats;
+        if (d.contains("bytes_limit")) return d["bytes_limit"].cast<int64_t>();
+      }
+    } catch (py::error_already_set&) {
+      // No allocator statistics on this platform: the host's memory below.
+    }
+    return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
+  }
+
+  int64_t memory_needed(Executable& exe) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object stats = static_cast<JaxExecutable&>(exe).exe.attr("get_compiled_memory_stats")();
+      int64_t needed = stats.attr("output_size_in_bytes").cast<int64_t>() +
+                       stats.attr("temp_size_in_bytes").cast<int64_t>() -
+                       stats.attr("alias_size_in_bytes").cast<int64_t>();
+      return needed > 0 ? needed : 0;
+    } catch (py::error_already_set&) {
+      return 0;  // the platform does not report it
+    }
+  }
+
+  bool is_deleted(const DeviceBuffer& buffer) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return static_cast<const JaxBuffer&>(buffer).array.attr("is_deleted")().cast<bool>();
+    } catch (py::error_already_set&) {
+      return true;
     }
   }
 

@@ -20,9 +20,11 @@ struct DeviceOutOfMemory : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// How a module is compiled: which device its executable runs on.
+// How a module is compiled: which device its executable runs on. Every field that changes
+// the executable belongs in describe(): the disk cache keys entries by it.
 struct CompileOptions {
   int device = 0;
+  std::string describe() const { return "device=" + std::to_string(device); }
 };
 
 class Runtime {
@@ -48,6 +50,19 @@ class Runtime {
   // and must copy the data before releasing it.
   virtual DLManagedTensor* download(const DeviceBuffer& buffer) = 0;
   virtual void wait(const DeviceBuffer& buffer) = 0;
+  // Whether the buffer's contents are computed (never waits).
+  virtual bool is_ready(const DeviceBuffer& buffer) = 0;
+  // Copies the buffer's contents (row-major, type.nbytes() bytes) to `out`, waiting for them.
+  virtual void download_bytes(const DeviceBuffer& buffer, void* out) = 0;
+  // Bytes of device memory the device can hold (its allocator's limit; the host's memory on
+  // the CPU platform).
+  virtual int64_t memory_limit(int device) = 0;
+  // Device memory an execution of `exe` allocates beyond the arguments it reuses (donated
+  // ones): its results and working space; 0 when the platform does not say.
+  virtual int64_t memory_needed(Executable& exe) = 0;
+  // Whether the buffer's memory is gone: donated to an execution (even one that then
+  // failed) or deleted.
+  virtual bool is_deleted(const DeviceBuffer& buffer) = 0;
   virtual std::string serialize(Executable& exe) = 0;
   virtual ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options) = 0;
   // The device's kind as the platform names it: "TPU v5 lite", "NVIDIA H200", "cpu".

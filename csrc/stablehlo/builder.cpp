@@ -77,6 +77,7 @@ void LoweringContext::begin_node(const Node& node, std::vector<V> operands, std:
   lifted_slots_ = std::move(lifted_slots);
   results_.clear();
   rng_calls_ = 0;
+  node_ = &node;
   body_ += "    // " + node.op.name() + "\n";
 }
 
@@ -130,6 +131,26 @@ V LoweringContext::scalar_at(const Node& node, int arg, size_t index, DType dtyp
   V element = slice(pack, {slot}, {slot + 1}, {1});
   element = reshape(element, {});
   return convert(element, dtype);
+}
+
+void LoweringContext::check(const V& failed, const V& value, RuntimeCheck check) {
+  int64_t n = failed.type.numel();
+  if (n == 0) return;
+  // The first failing position (n when none fails), then the value there: one reduction and
+  // a one-element slice, so a check costs little beside the op it guards.
+  V flat = reshape(convert(failed, DType::Bool), {n});
+  V positions = iota(TensorType{{n}, DType::Int64}, 0);
+  V first = reduce(select(flat, positions, constant_int(n, DType::Int64, {n})), {0}, constant_int(n, DType::Int64),
+                   "stablehlo.minimum");
+  V any = convert(compare("LT", first, constant_int(n, DType::Int64)), DType::Int64);
+  V reported = constant_int(0, DType::Int64, {1});
+  if (!value.name.empty()) {
+    V values = convert(reshape(value, {n}), DType::Int64);
+    V at = binary("stablehlo.minimum", first, constant_int(n - 1, DType::Int64));
+    reported = emit("stablehlo.dynamic_slice", {values, at}, TensorType{{1}, DType::Int64},
+                    "slice_sizes = array<i64: 1>");
+  }
+  checks_.push_back(EmittedCheck{node_, std::move(check), concatenate({reshape(any, {1}), reported}, 0)});
 }
 
 V LoweringContext::emit(const std::string& op, const std::vector<V>& operands, const TensorType& result,

@@ -21,6 +21,15 @@ struct V {
 std::string format_dims(const std::vector<int64_t>& dims);  // "array<i64: 0, 1>"
 std::string format_list(const std::vector<int64_t>& dims);  // "[0, 1]"
 
+// A condition a lowering cannot decide while compiling (an index out of range, an integer
+// division by zero). The graph computes it; the engine reads it when the host next waits for
+// the graph's results and raises what PyTorch's CPU kernel raises (engine/checks.h).
+struct RuntimeCheck {
+  enum class Error : uint8_t { Index, Runtime, Value };  // IndexError, RuntimeError, ValueError
+  Error error = Error::Runtime;
+  std::string message;  // as CPU words it; "{}" stands for the reported value
+};
+
 class LoweringContext {
  public:
   // --- set up by the graph builder -------------------------------------------------------
@@ -49,6 +58,18 @@ class LoweringContext {
   // --- results of the current node ----------------------------------------------------------
   void set_result(V value) { results_ = {std::move(value)}; }
   void set_results(std::vector<V> values) { results_ = std::move(values); }
+
+  // --- runtime checks -----------------------------------------------------------------------
+  // Fails the current node at run time where `failed` (bool, any shape) is true. `value`
+  // (an integer tensor of failed's shape, or V{} for none) is what the message reports in
+  // place of "{}": the first failing element's, in row-major order.
+  void check(const V& failed, const V& value, RuntimeCheck check);
+  struct EmittedCheck {
+    const Node* node;
+    RuntimeCheck check;
+    V flag;  // tensor<2xi64>: (failed, value)
+  };
+  const std::vector<EmittedCheck>& checks() const { return checks_; }
 
   // --- emission ---------------------------------------------------------------------------
   // Emits `%r = "op"(operands) {attrs} : (types) -> result` and returns %r.
@@ -111,6 +132,8 @@ class LoweringContext {
   std::vector<V> results_;
   V float_pack_, int_pack_;
   bool has_float64_ = true;
+  const Node* node_ = nullptr;  // the node being lowered
+  std::vector<EmittedCheck> checks_;
 };
 
 template <typename F>

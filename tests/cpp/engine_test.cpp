@@ -33,6 +33,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 struct FakeBuffer final : DeviceBuffer {
   std::vector<char> bytes;  // what was uploaded (empty for results)
+  bool deleted = false;     // consumed by a failed execution
   using DeviceBuffer::DeviceBuffer;
 };
 
@@ -44,6 +45,7 @@ struct FakeExecutable final : Executable {
 class FakeRuntime final : public Runtime {
  public:
   bool float64 = true;
+  int64_t memory_limit_bytes = int64_t(1) << 40;
   std::vector<std::string> compiled;           // module texts, in order
   std::vector<size_t> launch_arg_counts;       // per execute: number of arguments
   std::vector<std::vector<char>> uploads;      // bytes of every upload_bytes
@@ -52,8 +54,13 @@ class FakeRuntime final : public Runtime {
   int device_count() const override { return 1; }
   const std::string& version() const override { return platform_; }
   bool has_float64() const override { return float64; }
+  std::string reject;                 // compile fails for modules containing this text
+  bool fail_next_execute = false;     // the next execute fails like PJRT out of memory,
+                                      // consuming its arguments as PJRT does donated ones
+
   ExecutablePtr compile(const std::string& text, const CompileOptions& options) override {
     if (options.device != 0) throw std::logic_error("fake runtime: device " + std::to_string(options.device));
+    if (!reject.empty() && contains(text, reject)) throw std::runtime_error("fake compiler rejects " + reject);
     compiled.push_back(text);
     auto exe = std::make_shared<FakeExecutable>();
     exe->text = text;
@@ -62,7 +69,13 @@ class FakeRuntime final : public Runtime {
   std::vector<BufferPtr> execute(Executable&, const std::vector<BufferPtr>& args,
                                  const std::vector<TensorType>& result_types, int device) override {
     for (const BufferPtr& a : args)
-      if (!a) throw std::logic_error("fake runtime: a null argument (a donated buffer used again?)");
+      if (!a || static_cast<FakeBuffer&>(*a).deleted)
+        throw std::logic_error("fake runtime: a null or deleted argument (a donated buffer used again?)");
+    if (fail_next_execute) {
+      fail_next_execute = false;
+      for (const BufferPtr& a : args) static_cast<FakeBuffer&>(*a).deleted = true;
+      throw DeviceOutOfMemory("fake runtime: out of memory");
+    }
     launch_arg_counts.push_back(args.size());
     std::vector<BufferPtr> out;
     for (const TensorType& t : result_types) out.push_back(std::make_shared<FakeBuffer>(t, device));
@@ -80,6 +93,13 @@ class FakeRuntime final : public Runtime {
   }
   DLManagedTensor* download(const DeviceBuffer&) override { throw std::logic_error("fake runtime: no downloads"); }
   void wait(const DeviceBuffer&) override { ++waits; }
+  bool is_ready(const DeviceBuffer&) override { return true; }
+  void download_bytes(const DeviceBuffer& buffer, void* out) override {
+    std::memset(out, 0, static_cast<size_t>(buffer.type.nbytes()));  // results compute nothing: zeros
+  }
+  int64_t memory_limit(int) override { return memory_limit_bytes; }
+  int64_t memory_needed(Executable&) override { return 0; }
+  bool is_deleted(const DeviceBuffer& buffer) override { return static_cast<const FakeBuffer&>(buffer).deleted; }
   std::string serialize(Executable&) override { return ""; }
   ExecutablePtr deserialize(const std::string&, const CompileOptions&) override {
     throw std::logic_error("fake runtime: no disk cache");
@@ -217,19 +237,90 @@ void test_strict_mode_runs_each_op_at_once(FakeRuntime& rt) {
 }
 
 // A lowering whose result differs from the type PyTorch's meta kernel gave is an error
-// that names the op; the value is left uncomputed.
+// that names the op, raised when the op is recorded (the node is lowered alone the first
+// time its signature is seen): it never joins a pending graph.
 void test_wrong_output_type_is_reported(FakeRuntime& rt) {
   Engine& e = Engine::get();
   ValuePtr x = input(rt, kMatrix), y = input(rt, kMatrix);
-  ValuePtr out = e.record(op("aten::eq.Tensor"), {Arg::tensor(0), Arg::tensor(1)}, {x, y}, {kMatrix}, 0)[0];
+  int64_t pending = e.pending_ops();
   std::string message;
-  try {
-    e.materialize(out);
-  } catch (const std::logic_error& err) {
-    message = err.what();
+  for (int attempt = 0; attempt < 2; ++attempt) {  // every time, not only the first
+    message.clear();
+    try {
+      e.record(op("aten::eq.Tensor"), {Arg::tensor(0), Arg::tensor(1)}, {x, y}, {kMatrix}, 0);
+    } catch (const std::logic_error& err) {
+      message = err.what();
+    }
+    CHECK(contains(message, "lowering of aten::eq.Tensor result 0 has type bool[2, 3] but PyTorch expects float32[2, 3]"));
   }
-  CHECK(contains(message, "lowering of aten::eq.Tensor result 0 has type bool[2, 3] but PyTorch expects float32[2, 3]"));
-  CHECK(out->pending());
+  CHECK(e.pending_ops() == pending && x->node_uses == 0);
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A graph that fails to compile leaves every pending value pending; the op at fault is
+// found by compiling suspects alone, its values fail with its error, the rest compute,
+// and recording it again raises at once.
+void test_a_failed_compile_is_a_transaction(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  e.clear_memory_cache();
+  ValuePtr x = input(rt, kMatrix), y = input(rt, kMatrix);
+  auto add = [&](const ValuePtr& a, const ValuePtr& b) {
+    return e.record(op("aten::add.Tensor"), {Arg::tensor(0), Arg::tensor(1), Arg::integer(1)}, {a, b}, {kMatrix}, 0)[0];
+  };
+  auto exp = [&](const ValuePtr& a) { return e.record(op("aten::exp"), {Arg::tensor(0)}, {a}, {kMatrix}, 0)[0]; };
+  ValuePtr good = add(x, y);
+  ValuePtr bad = exp(x);
+  ValuePtr tainted = add(good, bad);
+  rt.reject = "stablehlo.exponential";
+  std::string first = error_of([&] { e.materialize(good); });
+  CHECK(contains(first, "aten::exp cannot run on tpu") && contains(first, "fake compiler rejects"));
+  CHECK(good->pending() && bad->pending() && tainted->pending());  // nothing was lost
+  CHECK(e.materialize(good) != nullptr);                          // computed without the bad op
+  CHECK(error_of([&] { e.materialize(bad); }) == first);
+  CHECK(error_of([&] { e.materialize(tainted); }) == first);
+  CHECK(error_of([&] { exp(y); }) == first);     // raised at the op from now on
+  CHECK(error_of([&] { add(bad, y); }) == first);  // and by ops reading a failed value
+  rt.reject.clear();
+}
+
+// A graph that fails to run (out of memory) stays pending and runs once memory allows; a
+// donated argument the failed execution consumed makes the values that need it fail.
+void test_a_failed_run_is_a_transaction(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  ValuePtr x = input(rt, kMatrix), y = input(rt, kMatrix);
+  ValuePtr kept = e.record(op("aten::mul.Scalar"), {Arg::tensor(0), Arg::real(3.0, true)}, {x}, {kMatrix}, 0)[0];
+  rt.fail_next_execute = true;
+  CHECK(contains(error_of([&] { e.materialize(kept); }), "out of memory"));
+  CHECK(kept->pending());
+  static_cast<FakeBuffer&>(*x->buffer).deleted = false;  // x was not donated (the test holds it)
+  CHECK(e.materialize(kept) != nullptr);
+  ValuePtr lost = e.record(op("aten::mul.Scalar"), {Arg::tensor(0), Arg::real(5.0, true)}, {y}, {kMatrix}, 0)[0];
+  y.reset();  // only the node holds y: donated to `lost`
+  rt.fail_next_execute = true;
+  CHECK(contains(error_of([&] { e.materialize(lost); }), "out of memory"));
+  CHECK(contains(error_of([&] { e.materialize(lost); }), "out of memory"));  // its input is gone
+}
+
+// An op whose result cannot fit in the device's memory raises at the op.
+void test_a_result_larger_than_the_device_raises_at_the_op(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  ValuePtr x = input(rt, kMatrix);
+  e.set_memory_fraction(0, 8.0 / static_cast<double>(rt.memory_limit_bytes));  // 8 bytes
+  std::string message = error_of([&] {
+    e.record(op("aten::mul.Scalar"), {Arg::tensor(0), Arg::real(7.0, true)}, {x}, {kMatrix}, 0);
+  });
+  e.set_memory_fraction(0, 1.0);
+  CHECK(contains(message, "tpu out of memory. Tried to allocate 24 bytes for a result of aten::mul.Scalar"));
+  CHECK(error_of([&] { e.set_memory_fraction(0, 1.5); }) != "");
 }
 
 // Records the spans the engine opens (name, attributes, nesting depth) while enabled.
@@ -428,6 +519,9 @@ int main() {
     test_unimportable_modules_are_named();
     test_stablehlo_calls_are_inlined_once(*rt);
     test_spans_of_a_flush(*rt);
+    test_a_failed_compile_is_a_transaction(*rt);
+    test_a_failed_run_is_a_transaction(*rt);
+    test_a_result_larger_than_the_device_raises_at_the_op(*rt);
   } catch (const std::exception& err) {
     std::fprintf(stderr, "unexpected exception: %s\n", err.what());
     return 1;
