@@ -12,7 +12,7 @@ import torchtpu
 def to_tpu(obj):
     if isinstance(obj, torch.Tensor):
         t = obj.detach().to("tpu")
-        return t.requires_grad_(obj.requires_grad) if obj.is_floating_point() else t
+        return t.requires_grad_(obj.requires_grad) if obj.is_floating_point() or obj.is_complex() else t
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_tpu(o) for o in obj)
     if isinstance(obj, dict):
@@ -68,6 +68,60 @@ def check(fn, *args, rtol=1e-5, atol=1e-5, grad=False, no_fallback=True, **kwarg
         new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         assert not new, f"ops fell back to CPU: {new}"
     return actual
+
+
+# --- complex-aware comparisons (tests/ops/test_complex.py, test_fft.py) --------------------
+
+def crand(*shape, dtype=torch.complex64, lo=-2.0, hi=2.0, grad=False, seed=0):
+    """Seeded complex values with both parts uniform in [lo, hi)."""
+    g = torch.Generator().manual_seed(seed)
+    parts = torch.rand(shape + (2,), generator=g, dtype=torch.float64) * (hi - lo) + lo
+    return torch.view_as_complex(parts).to(dtype).requires_grad_(grad)
+
+
+def rrand(*shape, lo=-2.0, hi=2.0, grad=False, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) * (hi - lo) + lo).requires_grad_(grad)
+
+
+def total(outs):
+    """A real loss of every output: a complex o contributes re(o) + 2 im(o), so a gradient with
+    the wrong conjugation (or a dropped imaginary part) changes the result."""
+    terms = []
+    for k, o in enumerate(outs):
+        if o.is_complex():
+            terms.append((o.real.sum() + 2 * o.imag.sum()) * (k + 1))
+        elif o.is_floating_point():
+            terms.append(o.sum() * (k + 1))
+    return sum(terms)
+
+
+def run_cases(cases, grad=False, tol=None):
+    """cases: (label, fn, inputs). Every case runs on CPU and on tpu copies (one fused graph in
+    fused mode); outputs and input gradients are compared by label, and nothing may fall back."""
+    before = dict(torchtpu.metrics.counters()["fallback_ops"])
+    cpu_in = [[a.detach().clone().requires_grad_(a.requires_grad) for a in ins] for _, _, ins in cases]
+    tpu_in = [[to_tpu(a) for a in ins] for ins in cpu_in]
+    expected = [fn(*ins) for (_, fn, _), ins in zip(cases, cpu_in)]
+    actual = [fn(*ins) for (_, fn, _), ins in zip(cases, tpu_in)]
+    if grad:
+        for outs in (expected, actual):
+            flat = [o for out in outs for o in (out if isinstance(out, (tuple, list)) else [out]) if o.requires_grad]
+            total(flat).backward()
+    for (label, _, _), a, e, ci, ti in zip(cases, to_cpu(actual), expected, cpu_in, tpu_in):
+        try:
+            assert_close(a, e, **(tol or {}))
+            for c, t in zip(ci, ti):
+                if c.grad is not None:
+                    assert t.grad is not None, "no gradient reached the tpu input"
+                    assert_close(t.grad, c.grad, **(tol or {}))
+                elif c.requires_grad:
+                    assert t.grad is None, "a gradient reached a tpu input that gets none on CPU"
+        except AssertionError as error:
+            raise AssertionError(f"{label}: {error}") from None
+    after = torchtpu.metrics.counters()["fallback_ops"]
+    new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert not new, f"ops fell back to CPU: {new}"
 
 
 def run_python(code, timeout=600, **env):

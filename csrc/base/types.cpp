@@ -8,7 +8,7 @@ namespace torchtpu {
 
 bool is_supported_dtype(int code) {
   switch (code) {
-    case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 7: case 11: case 15:
+    case 0: case 1: case 2: case 3: case 4: case 5: case 6: case 7: case 9: case 10: case 11: case 15:
       return true;
     default:
       return false;
@@ -20,7 +20,8 @@ size_t dtype_size(DType dtype) {
     case DType::UInt8: case DType::Int8: case DType::Bool: return 1;
     case DType::Int16: case DType::Float16: case DType::BFloat16: return 2;
     case DType::Int32: case DType::Float32: return 4;
-    case DType::Int64: case DType::Float64: return 8;
+    case DType::Int64: case DType::Float64: case DType::ComplexFloat: return 8;
+    case DType::ComplexDouble: return 16;
   }
   throw std::runtime_error("torchtpu: unknown dtype");
 }
@@ -35,6 +36,8 @@ const char* dtype_name(DType dtype) {
     case DType::Float16: return "float16";
     case DType::Float32: return "float32";
     case DType::Float64: return "float64";
+    case DType::ComplexFloat: return "complex64";
+    case DType::ComplexDouble: return "complex128";
     case DType::Bool: return "bool";
     case DType::BFloat16: return "bfloat16";
   }
@@ -51,6 +54,8 @@ const char* dtype_mlir(DType dtype) {
     case DType::Float16: return "f16";
     case DType::Float32: return "f32";
     case DType::Float64: return "f64";
+    case DType::ComplexFloat: return "complex<f32>";
+    case DType::ComplexDouble: return "complex<f64>";
     case DType::Bool: return "i1";
     case DType::BFloat16: return "bf16";
   }
@@ -60,6 +65,19 @@ const char* dtype_mlir(DType dtype) {
 bool is_floating(DType dtype) {
   return dtype == DType::Float16 || dtype == DType::Float32 || dtype == DType::Float64 ||
          dtype == DType::BFloat16;
+}
+
+bool is_complex(DType dtype) { return dtype == DType::ComplexFloat || dtype == DType::ComplexDouble; }
+
+DType real_part_type(DType dtype) {
+  if (dtype == DType::ComplexFloat) return DType::Float32;
+  if (dtype == DType::ComplexDouble) return DType::Float64;
+  return dtype;
+}
+
+DType complex_type_of(DType dtype) {
+  if (is_complex(dtype)) return dtype;
+  return dtype == DType::Float64 ? DType::ComplexDouble : DType::ComplexFloat;
 }
 
 bool is_signed_integer(DType dtype) {

@@ -17,6 +17,8 @@ enum class DType : int8_t {
   Float16 = 5,
   Float32 = 6,
   Float64 = 7,
+  ComplexFloat = 9,   // complex64: two float32
+  ComplexDouble = 10, // complex128: two float64 (platforms with float64 only)
   Bool = 11,
   BFloat16 = 15,
 };
@@ -24,8 +26,14 @@ enum class DType : int8_t {
 bool is_supported_dtype(int code);
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);     // "float32"
-const char* dtype_mlir(DType dtype);     // "f32", "i64", "i1", "ui8"
-bool is_floating(DType dtype);
+const char* dtype_mlir(DType dtype);     // "f32", "i64", "i1", "ui8", "complex<f32>"
+bool is_floating(DType dtype);           // real floating types only
+bool is_complex(DType dtype);
+// The real type of a complex type's parts (complex64 -> float32); other types map to themselves.
+DType real_part_type(DType dtype);
+// The complex type with parts of a floating type (float32 -> complex64; float16/bfloat16 ->
+// complex64, as PyTorch's promotion of a real half type with complex64 gives).
+DType complex_type_of(DType dtype);
 bool is_signed_integer(DType dtype);
 
 struct TensorType {

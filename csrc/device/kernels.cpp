@@ -74,6 +74,7 @@ void register_kernels() {
   aten.impl("native_batch_norm", TORCH_FN(tpu_native_batch_norm));
   aten.impl("lift_fresh", TORCH_FN(tpu_lift_fresh));
   aten.impl("record_stream", TORCH_FN(tpu_record_stream));
+  aten.impl("fft_fftfreq", TORCH_FN(tpu_fft_fftfreq));
   // Ops with a lowering get the boxed kernel directly: a direct registration wins over
   // PyTorch's composite kernels (which would call the out= variant through the fallback).
   static const std::unordered_set<std::string> boxed_overrides = {"_native_batch_norm_legit_functional",
@@ -92,6 +93,8 @@ void register_kernels() {
   static torch::Library functionalize(torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
   functionalize.impl("_to_copy", TORCH_FN(to_copy_functionalize));
   functionalize.impl("record_stream", TORCH_FN(record_stream_functionalize));
+  for (const char* name : {"new_zeros", "new_ones", "new_empty", "new_full"})
+    functionalize.impl(name, torch::CppFunction::makeFromBoxedFunction<&new_factory_functionalize>());
   static torch::Library meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     const std::string& base = name.name;

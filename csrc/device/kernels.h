@@ -107,6 +107,7 @@ const at::Tensor& tpu_resize(const at::Tensor& self, c10::IntArrayRef size, std:
 c10::Scalar tpu_local_scalar_dense(const at::Tensor& self);
 
 // ---- overrides.cpp ----------------------------------------------------------------------
+void new_factory_functionalize(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::ScalarType> dtype,
                                  std::optional<at::Layout> layout, std::optional<at::Device> device,
                                  std::optional<bool> pin_memory, bool non_blocking,
@@ -121,5 +122,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_native_batch_norm(
     const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
     double momentum, double eps);
+at::Tensor tpu_fft_fftfreq(int64_t n, double d, std::optional<at::ScalarType> dtype,
+                           std::optional<at::Layout> layout, std::optional<at::Device> device,
+                           std::optional<bool> pin_memory);
 
 }  // namespace torchtpu

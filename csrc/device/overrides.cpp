@@ -1,11 +1,13 @@
 // PyTorch kernels replaced for tpu, each because PyTorch's own cannot serve a tpu tensor:
-// functionalization's _to_copy and record_stream, autograd's copy_ (ADInplaceOrView), meta
-// kernels of in-place foreach ops, native_batch_norm, the empty statistics of batch norm in
-// eval mode, and lift_fresh.
+// functionalization's _to_copy, new_* factories and record_stream, autograd's copy_
+// (ADInplaceOrView), meta kernels of in-place foreach ops, native_batch_norm, the empty
+// statistics of batch norm in eval mode, lift_fresh and fft_fftfreq.
 #include <ATen/ExpandUtils.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
 #include <ATen/ops/_to_copy.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/copy.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/variable.h>
@@ -37,6 +39,22 @@ at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::Scala
       return out;
   }
   return at::functionalization::impl::to_functional_tensor(out);
+}
+
+// new_zeros / new_ones / new_empty / new_full read only self's dtype and device, so this
+// Functionalize kernel does not sync self (PyTorch's generated one does). A sync may replace
+// the wrapper's inner tensor, and PyTorch's fft_r2c_backward holds grad.sym_sizes() (a view
+// of the inner tensor's sizes) across grad.new_zeros(...): a sync there frees those sizes.
+void new_factory_functionalize(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t n = op.schema().arguments().size();
+  c10::IValue& self = (*stack)[stack->size() - n];
+  bool functional = at::functionalization::impl::isFunctionalTensor(self.toTensor());
+  if (functional) self = at::functionalization::impl::from_functional_tensor(self.toTensor());
+  {
+    at::AutoDispatchSkipFunctionalize skip;
+    op.callBoxed(stack);
+  }
+  if (functional) stack->back() = at::functionalization::impl::to_functional_tensor(stack->back().toTensor());
 }
 
 // copy_ at the ADInplaceOrView key (same as PyTorch's generated kernel) plus one case:
@@ -156,6 +174,21 @@ void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::S
     TensorType empty{{0}, to_dtype(t.scalar_type())};
     v = wrap_for_user(make_tensor(zeros_value(empty, t.device().index())));
   }
+}
+
+// fft_fftfreq: PyTorch's kernel writes the negative frequencies with arange_out into an
+// empty slice of its result (result.slice(0, (n + 1) / 2, 0)), growing that view in place past
+// its own bounds; a tpu view cannot grow, so the same values come from two aranges.
+at::Tensor tpu_fft_fftfreq(int64_t n, double d, std::optional<at::ScalarType> dtype,
+                           std::optional<at::Layout> layout, std::optional<at::Device> device,
+                           std::optional<bool> pin_memory) {
+  auto options = at::TensorOptions()
+                     .dtype(dtype.value_or(c10::get_default_dtype_as_scalartype()))
+                     .layout(layout)
+                     .device(device)
+                     .pinned_memory(pin_memory);
+  at::Tensor result = at::cat({at::arange((n + 1) / 2, options), at::arange(-(n / 2), 0, options)});
+  return result.mul(1.0 / (static_cast<double>(n) * d));
 }
 
 }  // namespace torchtpu

@@ -172,6 +172,9 @@ ParsedOp parse_args(const c10::FunctionSchema& schema, const std::vector<c10::IV
       a = Arg::integer(v.toSymInt().guard_int(__FILE__, __LINE__), lift);
     } else if (v.isDouble()) {
       a = Arg::real(v.toDouble(), lift);
+    } else if (v.isComplexDouble()) {
+      c10::complex<double> c = v.toComplexDouble();
+      a = Arg::complex(c.real(), c.imag(), lift && (c.real() != 0.0 || c.imag() != 0.0));
     } else if (v.isIntList() || v.isSymIntList()) {
       a.kind = Arg::Kind::IntList;
       if (v.isIntList()) {
@@ -215,6 +218,24 @@ uint64_t signature_hash(const LoweringRule* rule, const ParsedOp& p) {
   uint64_t h = hash_node(probe);
   probe.operands.clear();  // keep node_uses untouched: the probe never incremented them
   return h;
+}
+
+// Whether a tensor or scalar argument is complex (rules that do not declare kTakesComplex
+// leave such calls to the CPU fallback).
+bool touches_complex(const std::vector<c10::IValue>& args) {
+  for (const auto& v : args) {
+    if (v.isComplexDouble()) return true;
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_complex()) return true;
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (t.is_complex()) return true;
+    if (v.isOptionalTensorList())
+      for (const auto& ref : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = ref;
+        if (t.has_value() && t->defined() && t->is_complex()) return true;
+      }
+  }
+  return false;
 }
 
 void append_generator_args(ParsedOp& p, const std::vector<c10::IValue>& args) {
@@ -261,6 +282,7 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
       if (!linalg_dtype(rule, t)) return false;
     }
   }
+  if (!rule->complex && touches_complex(args)) return false;
   ParsedOp p = parse_args(schema, args, rule);
   if (!p.supported) return false;
   uint64_t key = signature_hash(rule, p);
@@ -279,8 +301,10 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
         // the CPU kernel runs it, or raises the same error CPU users see.
         return false;
       }
-      for (const TensorType& t : sig.types)
+      for (const TensorType& t : sig.types) {
         if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;
+        if (!rule->complex && is_complex(t.dtype)) return false;
+      }
       lock.lock();
       meta_cache()[key] = sig;
     }

@@ -146,8 +146,12 @@ void TpuTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>&
 DType to_dtype(c10::ScalarType type) {
   int code = static_cast<int>(type);
   TORCH_CHECK_TYPE(is_supported_dtype(code), "torchtpu: dtype torch.", c10::getDtypeNames(type).first,
-                   " is not supported on tpu; supported dtypes are float32, bfloat16, float16, float64, int64, "
-                   "int32, int16, int8, uint8 and bool");
+                   " is not supported on tpu; supported dtypes are float32, bfloat16, float16, float64, "
+                   "complex64, complex128, int64, int32, int16, int8, uint8 and bool");
+  // complex128 is two float64s: only where the platform computes in float64.
+  TORCH_CHECK_TYPE(type != c10::ScalarType::ComplexDouble || !runtime_initialized() || runtime().has_float64(),
+                   "torchtpu: dtype torch.complex128 is not supported on platform ", runtime().platform(),
+                   " (it has no float64); use torch.complex64");
   return static_cast<DType>(code);
 }
 
@@ -165,11 +169,37 @@ at::Tensor unwrap(const at::Tensor& t) {
   return t;
 }
 
+namespace {
+
+// conj() and _neg_view() below functionalization (composite kernels call them on inner
+// tensors) set a math bit on the tensor, not in its value: reading it applies the bit, as
+// PyTorch's clone of such a tensor does.
+ValuePtr apply_math_bits(const at::Tensor& t, ValuePtr value) {
+  auto apply = [&](const char* op_name) {
+    TensorType type = value->type;
+    int device = value->device;
+    return Engine::get().record(lowered_kind(op_name), {Arg::tensor(0)}, {std::move(value)}, {type}, device)[0];
+  };
+  if (t.is_conj()) value = apply("aten::_conj_physical");
+  if (t.is_neg()) value = apply("aten::neg");
+  return value;
+}
+
+}  // namespace
+
 ValuePtr value_of(const at::Tensor& t, int device) {
-  if (!is_tpu(t)) return upload(t, device);
+  if (!is_tpu(t)) {
+    // A Python complex number (x * 2j) is a complex128 CPU scalar; it only promotes like a
+    // scalar, so on a platform without float64 it travels as complex64.
+    if (t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == at::kComplexDouble &&
+        !runtime().has_float64())
+      return upload(t.to(at::kComplexFloat), device);
+    return upload(t, device);
+  }
   at::Tensor inner = unwrap(t);
   auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
   TORCH_CHECK(impl, "torchtpu: found a tpu tensor without device data");
+  if (inner.is_conj() || inner.is_neg()) return apply_math_bits(inner, impl->value());
   return impl->value();
 }
 

@@ -448,7 +448,7 @@ void Engine::lift_scalars(Graph& g) {
       if (!arg.lifted) continue;
       switch (arg.kind) {
         case Arg::Kind::Double: slots[a] = static_cast<int>(g.float_scalars.size()); g.float_scalars.push_back(arg.d); break;
-        case Arg::Kind::DoubleList:
+        case Arg::Kind::DoubleList: case Arg::Kind::Complex:
           slots[a] = static_cast<int>(g.float_scalars.size());
           g.float_scalars.insert(g.float_scalars.end(), arg.doubles.begin(), arg.doubles.end());
           break;

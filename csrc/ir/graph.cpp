@@ -29,7 +29,7 @@ uint64_t hash_node(const Node& node) {
         h = hash_mix(h, a.ints.size());
         for (int64_t v : a.ints) h = hash_mix(h, static_cast<uint64_t>(v));
         break;
-      case Arg::Kind::DoubleList:
+      case Arg::Kind::DoubleList: case Arg::Kind::Complex:
         h = hash_bytes(h, a.doubles.data(), a.doubles.size() * sizeof(double));
         break;
       case Arg::Kind::String: h = hash_string(h, a.s); break;

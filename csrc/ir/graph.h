@@ -17,7 +17,7 @@ struct Node;
 
 // One argument of an aten op, in schema order.
 struct Arg {
-  enum class Kind : uint8_t { None, Tensor, TensorList, Int, Double, Bool, IntList, DoubleList, BoolList, String };
+  enum class Kind : uint8_t { None, Tensor, TensorList, Int, Double, Bool, IntList, DoubleList, BoolList, String, Complex };
   Kind kind = Kind::None;
   // A lifted scalar is fed to the compiled graph at run time instead of being baked into
   // the module text, so a changing learning rate does not recompile.
@@ -25,7 +25,7 @@ struct Arg {
   int64_t i = 0;
   double d = 0.0;
   std::vector<int64_t> ints;     // IntList, BoolList (0/1), Int lifted lists
-  std::vector<double> doubles;   // DoubleList
+  std::vector<double> doubles;   // DoubleList; Complex: {real, imag}
   std::string s;
   std::vector<int> operands;     // Tensor: one operand index; TensorList: indices, -1 for None
 
@@ -33,12 +33,23 @@ struct Arg {
   static Arg integer(int64_t v, bool lifted = false) { Arg a; a.kind = Kind::Int; a.i = v; a.lifted = lifted; return a; }
   static Arg real(double v, bool lifted = false) { Arg a; a.kind = Kind::Double; a.d = v; a.lifted = lifted; return a; }
   static Arg boolean(bool v, bool lifted = false) { Arg a; a.kind = Kind::Bool; a.i = v; a.lifted = lifted; return a; }
+  static Arg complex(double re, double im, bool lifted = false) {
+    Arg a; a.kind = Kind::Complex; a.doubles = {re, im}; a.lifted = lifted; return a;
+  }
   static Arg tensor(int operand) { Arg a; a.kind = Kind::Tensor; a.operands = {operand}; return a; }
 
   bool is_none() const { return kind == Kind::None; }
-  double as_double() const { return kind == Kind::Double ? d : static_cast<double>(i); }
+  double as_double() const {
+    return kind == Kind::Double ? d : kind == Kind::Complex ? doubles[0] : static_cast<double>(i);
+  }
   int64_t as_int() const { return kind == Kind::Double ? static_cast<int64_t>(d) : i; }
   bool as_bool() const { return kind == Kind::Double ? d != 0.0 : i != 0; }
+  // A static (not lifted) number equal to v; a complex number only when its imaginary part is 0.
+  bool is_constant(double v) const {
+    if (lifted) return false;
+    if (kind == Kind::Complex) return doubles[0] == v && doubles[1] == 0.0;
+    return (kind == Kind::Double || kind == Kind::Int || kind == Kind::Bool) && as_double() == v;
+  }
 };
 
 struct Value;

@@ -9,14 +9,31 @@ namespace torchtpu {
 namespace {
 int category(DType t) {
   if (t == DType::Bool) return 0;
+  if (is_complex(t)) return 3;
   if (is_floating(t)) return 2;
   return 1;
+}
+
+// PyTorch's combine_categories: a 0-d operand of a higher category decides the category,
+// the dimensioned operand keeps its precision where it can (float32 with a 0-d complex128
+// gives complex64).
+DType combine_categories(DType higher, DType lower) {
+  if (is_complex(higher)) return higher;
+  if (is_complex(lower)) return is_floating(higher) ? complex_type_of(higher) : lower;
+  if (is_floating(higher)) return higher;
+  if (higher == DType::Bool || is_floating(lower)) return promote_types(higher, lower);
+  return higher;
 }
 }  // namespace
 
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
   int ca = category(a), cb = category(b);
+  if (ca == 3 || cb == 3) {
+    // The complex type whose parts hold both: complex64 with float64 gives complex128.
+    bool wide = a == DType::ComplexDouble || b == DType::ComplexDouble || a == DType::Float64 || b == DType::Float64;
+    return wide ? DType::ComplexDouble : DType::ComplexFloat;
+  }
   if (ca != cb) return ca > cb ? a : b;
   if (ca == 2) {
     if ((a == DType::Float16 && b == DType::BFloat16) || (a == DType::BFloat16 && b == DType::Float16))
@@ -46,7 +63,7 @@ DType result_type(const std::vector<V>& values) {
   }
   if (!have_dim) return zero_type;
   if (!have_zero_dim) return dim_type;
-  return category(zero_type) > category(dim_type) ? promote_types(dim_type, zero_type) : dim_type;
+  return combine_categories(dim_type, zero_type);
 }
 
 V to_type(LoweringContext& ctx, const V& x, DType dtype, const std::vector<int64_t>& shape) {

@@ -20,7 +20,7 @@ void lower_binary(LoweringContext& ctx, const Node& node) {
 V times_alpha(LoweringContext& ctx, const Node& node, const V& x, const TensorType& out) {
   if (node.args.size() <= 2 || node.args[2].is_none()) return x;
   const Arg& alpha = node.args[2];
-  if (!alpha.lifted && alpha.as_double() == 1.0) return x;
+  if (alpha.is_constant(1.0)) return x;
   return ctx.binary("stablehlo.multiply", x, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
 }
 
@@ -62,7 +62,7 @@ void lower_div(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   std::string mode = rule_data(node) ? rule_data(node) : "";
   if (node.args.size() > 2 && node.args[2].kind == Arg::Kind::String) mode = node.args[2].s;
-  if (is_floating(out.dtype)) {
+  if (is_floating(out.dtype) || is_complex(out.dtype)) {  // complex: no rounding modes (not registered)
     Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
     V a = e.arg(node, 0), b = e.arg(node, 1);
     V q = ctx.binary("stablehlo.divide", a, b);
@@ -102,7 +102,8 @@ void lower_compare(LoweringContext& ctx, const Node& node) {
   // int vs bool -> int64.
   if (!ctx.has_input(node, 1)) {
     Arg::Kind k = node.args[1].kind;
-    if (k == Arg::Kind::Double && !is_floating(compute)) compute = DType::Float32;
+    if (k == Arg::Kind::Complex && !is_complex(compute)) compute = complex_type_of(compute);
+    else if (k == Arg::Kind::Double && !is_floating(compute) && !is_complex(compute)) compute = DType::Float32;
     else if (k == Arg::Kind::Int && compute == DType::Bool) compute = DType::Int64;
   }
   V a = tensor_or_scalar(ctx, node, 0, compute, out.shape);
@@ -159,16 +160,16 @@ void lower_identity(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.convert(ctx.input(node, 0), ctx.out(node).dtype));
 }
 
-LOWERING("aten::add.Tensor", lower_add_sub, "stablehlo.add");
-LOWERING("aten::add.Scalar", lower_add_sub, "stablehlo.add");
-LOWERING("aten::sub.Tensor", lower_add_sub, "stablehlo.subtract");
-LOWERING("aten::sub.Scalar", lower_add_sub, "stablehlo.subtract");
-LOWERING("aten::rsub.Tensor", lower_rsub);
-LOWERING("aten::rsub.Scalar", lower_rsub);
-LOWERING("aten::mul.Tensor", lower_binary, "stablehlo.multiply");
-LOWERING("aten::mul.Scalar", lower_binary, "stablehlo.multiply");
-LOWERING("aten::div.Tensor", lower_div);
-LOWERING("aten::div.Scalar", lower_div);
+LOWERING("aten::add.Tensor", lower_add_sub, "stablehlo.add", kTakesComplex);
+LOWERING("aten::add.Scalar", lower_add_sub, "stablehlo.add", kTakesComplex);
+LOWERING("aten::sub.Tensor", lower_add_sub, "stablehlo.subtract", kTakesComplex);
+LOWERING("aten::sub.Scalar", lower_add_sub, "stablehlo.subtract", kTakesComplex);
+LOWERING("aten::rsub.Tensor", lower_rsub, nullptr, kTakesComplex);
+LOWERING("aten::rsub.Scalar", lower_rsub, nullptr, kTakesComplex);
+LOWERING("aten::mul.Tensor", lower_binary, "stablehlo.multiply", kTakesComplex);
+LOWERING("aten::mul.Scalar", lower_binary, "stablehlo.multiply", kTakesComplex);
+LOWERING("aten::div.Tensor", lower_div, nullptr, kTakesComplex);
+LOWERING("aten::div.Scalar", lower_div, nullptr, kTakesComplex);
 LOWERING("aten::div.Tensor_mode", lower_div);
 LOWERING("aten::div.Scalar_mode", lower_div);
 LOWERING("aten::floor_divide", lower_div, "floor");
@@ -176,10 +177,10 @@ LOWERING("aten::floor_divide.Scalar", lower_div, "floor");
 LOWERING("aten::maximum", lower_binary, "stablehlo.maximum");
 LOWERING("aten::minimum", lower_binary, "stablehlo.minimum");
 
-LOWERING("aten::eq.Tensor", lower_compare, "EQ");
-LOWERING("aten::eq.Scalar", lower_compare, "EQ");
-LOWERING("aten::ne.Tensor", lower_compare, "NE");
-LOWERING("aten::ne.Scalar", lower_compare, "NE");
+LOWERING("aten::eq.Tensor", lower_compare, "EQ", kTakesComplex);
+LOWERING("aten::eq.Scalar", lower_compare, "EQ", kTakesComplex);
+LOWERING("aten::ne.Tensor", lower_compare, "NE", kTakesComplex);
+LOWERING("aten::ne.Scalar", lower_compare, "NE", kTakesComplex);
 LOWERING("aten::lt.Tensor", lower_compare, "LT");
 LOWERING("aten::lt.Scalar", lower_compare, "LT");
 LOWERING("aten::le.Tensor", lower_compare, "LE");
@@ -189,20 +190,20 @@ LOWERING("aten::gt.Scalar", lower_compare, "GT");
 LOWERING("aten::ge.Tensor", lower_compare, "GE");
 LOWERING("aten::ge.Scalar", lower_compare, "GE");
 
-LOWERING("aten::logical_and", lower_logical, "stablehlo.and");
-LOWERING("aten::logical_or", lower_logical, "stablehlo.or");
-LOWERING("aten::logical_xor", lower_logical, "stablehlo.xor");
-LOWERING("aten::logical_not", lower_logical_not);
-LOWERING("aten::where.self", lower_where);
+LOWERING("aten::logical_and", lower_logical, "stablehlo.and", kTakesComplex);
+LOWERING("aten::logical_or", lower_logical, "stablehlo.or", kTakesComplex);
+LOWERING("aten::logical_xor", lower_logical, "stablehlo.xor", kTakesComplex);
+LOWERING("aten::logical_not", lower_logical_not, nullptr, kTakesComplex);
+LOWERING("aten::where.self", lower_where, nullptr, kTakesComplex);
 
 LOWERING("aten::threshold_backward", lower_threshold_backward);
-LOWERING("aten::fill.Scalar", lower_fill);
-LOWERING("aten::fill.Tensor", lower_fill);
-LOWERING("aten::zero", lower_fill);
-LOWERING("aten::clone", lower_identity, "identity");
-LOWERING("aten::alias_copy", lower_identity, "identity");
-LOWERING("aten::lift_fresh_copy", lower_identity, "identity");
-LOWERING("aten::detach_copy", lower_identity, "identity");
+LOWERING("aten::fill.Scalar", lower_fill, nullptr, kTakesComplex);
+LOWERING("aten::fill.Tensor", lower_fill, nullptr, kTakesComplex);
+LOWERING("aten::zero", lower_fill, nullptr, kTakesComplex);
+LOWERING("aten::clone", lower_identity, "identity", kTakesComplex);
+LOWERING("aten::alias_copy", lower_identity, "identity", kTakesComplex);
+LOWERING("aten::lift_fresh_copy", lower_identity, "identity", kTakesComplex);
+LOWERING("aten::detach_copy", lower_identity, "identity", kTakesComplex);
 
 }  // namespace
 }  // namespace torchtpu

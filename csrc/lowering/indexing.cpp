@@ -283,7 +283,7 @@ void lower_index_add(LoweringContext& ctx, const Node& node) {
   V source = ctx.convert(ctx.input(node, 3), dt);
   if (node.args.size() > 4 && !node.args[4].is_none()) {
     const Arg& alpha = node.args[4];
-    if (alpha.lifted || alpha.as_double() != 1.0)
+    if (!alpha.is_constant(1.0))
       source = ctx.binary("stablehlo.multiply", source, ctx.broadcast_to(ctx.scalar(node, 4, dt), source.type.shape));
   }
   IndexCheck range = range_check();
@@ -490,24 +490,24 @@ void lower_one_hot(LoweringContext& ctx, const Node& node) {
 }
 
 LOWERING("aten::one_hot", lower_one_hot);
-LOWERING("aten::index.Tensor", lower_index);
-LOWERING("aten::_unsafe_index.Tensor", lower_index, "unchecked");
-LOWERING("aten::index_put", lower_index_put);
-LOWERING("aten::_index_put_impl", lower_index_put);
-LOWERING("aten::_unsafe_index_put", lower_index_put, "unchecked");
-LOWERING("aten::index_select", lower_index_select);
-LOWERING("aten::gather", lower_gather);
-LOWERING("aten::scatter.src", lower_scatter);
-LOWERING("aten::scatter.value", lower_scatter);
-LOWERING("aten::scatter.reduce", lower_scatter);
-LOWERING("aten::scatter.value_reduce", lower_scatter);
-LOWERING("aten::scatter_add", lower_scatter, "add");
+LOWERING("aten::index.Tensor", lower_index, nullptr, kTakesComplex);
+LOWERING("aten::_unsafe_index.Tensor", lower_index, "unchecked", kTakesComplex);
+LOWERING("aten::index_put", lower_index_put, nullptr, kTakesComplex);
+LOWERING("aten::_index_put_impl", lower_index_put, nullptr, kTakesComplex);
+LOWERING("aten::_unsafe_index_put", lower_index_put, "unchecked", kTakesComplex);
+LOWERING("aten::index_select", lower_index_select, nullptr, kTakesComplex);
+LOWERING("aten::gather", lower_gather, nullptr, kTakesComplex);
+LOWERING("aten::scatter.src", lower_scatter, nullptr, kTakesComplex);
+LOWERING("aten::scatter.value", lower_scatter, nullptr, kTakesComplex);
+LOWERING("aten::scatter.reduce", lower_scatter, nullptr, kTakesComplex);
+LOWERING("aten::scatter.value_reduce", lower_scatter, nullptr, kTakesComplex);
+LOWERING("aten::scatter_add", lower_scatter, "add", kTakesComplex);
 LOWERING("aten::scatter_reduce.two", lower_scatter_reduce);
-LOWERING("aten::index_add", lower_index_add);
-LOWERING("aten::masked_fill.Scalar", lower_masked_fill);
-LOWERING("aten::masked_fill.Tensor", lower_masked_fill);
-LOWERING("aten::masked_scatter", lower_masked_scatter);
-LOWERING("aten::masked_scatter_backward", lower_masked_scatter_backward);
+LOWERING("aten::index_add", lower_index_add, nullptr, kTakesComplex);
+LOWERING("aten::masked_fill.Scalar", lower_masked_fill, nullptr, kTakesComplex);
+LOWERING("aten::masked_fill.Tensor", lower_masked_fill, nullptr, kTakesComplex);
+LOWERING("aten::masked_scatter", lower_masked_scatter, nullptr, kTakesComplex);
+LOWERING("aten::masked_scatter_backward", lower_masked_scatter_backward, nullptr, kTakesComplex);
 LOWERING("aten::embedding", lower_embedding);
 LOWERING("aten::embedding_dense_backward", lower_embedding_backward);
 LOWERING("aten::sort", lower_sort);

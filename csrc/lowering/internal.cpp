@@ -31,10 +31,10 @@ void lower_unpad(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.reshape(x, ctx.out(node).shape));
 }
 
-LOWERING("torchtpu::convert", lower_convert);
-LOWERING("torchtpu::unpad", lower_unpad);
-LOWERING("torchtpu::broadcast", lower_broadcast);
-LOWERING("torchtpu::zeros", lower_zeros);
+LOWERING("torchtpu::convert", lower_convert, nullptr, kTakesComplex);
+LOWERING("torchtpu::unpad", lower_unpad, nullptr, kTakesComplex);
+LOWERING("torchtpu::broadcast", lower_broadcast, nullptr, kTakesComplex);
+LOWERING("torchtpu::zeros", lower_zeros, nullptr, kTakesComplex);
 
 }  // namespace
 }  // namespace torchtpu

@@ -15,14 +15,53 @@ namespace {
 // ---------------------------------------------------------------------------------------
 // Float unary functions: out = f(x) computed in compute_dtype(out).
 
+// x / d for a real d; a complex x is divided part by part, as std::complex / T does (a
+// complex division would turn log(0) = -inf + 0i into NaNs).
+V divide_by_real(const Ex& e, const V& x, double d) {
+  if (!is_complex(e.dt)) return e.div(x, e.k(d));
+  DType part = real_part_type(e.dt);
+  V divisor = e.c.constant(d, part, e.shape);
+  return e.c.make_complex(e.c.binary("stablehlo.divide", e.c.real_part(x), divisor),
+                          e.c.binary("stablehlo.divide", e.c.imag_part(x), divisor));
+}
+
+// Whether the sign bit of a real value is set (true for -0.0).
+V sign_bit(LoweringContext& ctx, const V& x) {
+  DType bits = dtype_size(x.type.dtype) == 8 ? DType::Int64 : DType::Int32;
+  V as_int = ctx.emit("stablehlo.bitcast_convert", {x}, TensorType{x.type.shape, bits});
+  return ctx.compare("LT", as_int, ctx.constant_int(0, bits, x.type.shape));
+}
+
+V float_fn(const Ex& e, const std::string& f, const V& x);
+
+// Complex functions with a branch cut along an axis: XLA's ignore the sign of a zero part on
+// the cut, C99 (PyTorch's std::complex) keeps it. They are conjugate-symmetric,
+// f(conj z) = conj f(z), so f is computed with a non-negative imaginary part and conjugated
+// back; asinh's cut runs along the imaginary axis, and as an odd function
+// f(z) = -conj f(-conj z) moves the real part's sign the same way.
+V complex_on_cut(const Ex& e, const std::string& f, const V& x) {
+  LoweringContext& ctx = e.c;
+  V re = ctx.real_part(x), im = ctx.imag_part(x);
+  if (f == "asinh") {
+    V w = float_fn(e, f, ctx.make_complex(ctx.unary("stablehlo.abs", re), im));
+    return ctx.select(sign_bit(ctx, re), ctx.unary("stablehlo.negate", ctx.conj(w)), w);
+  }
+  V w = float_fn(e, f, ctx.make_complex(re, ctx.unary("stablehlo.abs", im)));
+  return ctx.select(sign_bit(ctx, im), ctx.conj(w), w);
+}
+
+bool has_cut_on_axis(const std::string& f) {
+  return f == "sqrt" || f == "asin" || f == "acos" || f == "acosh" || f == "asinh";
+}
+
 V float_fn(const Ex& e, const std::string& f, const V& x) {
   const double ln2 = 0.69314718055994530942, ln10 = 2.30258509299404568402;
   if (f == "exp") return e.un("stablehlo.exponential", x);
   if (f == "exp2") return e.c.binary("stablehlo.power", e.k(2.0), x);
   if (f == "expm1") return e.un("stablehlo.exponential_minus_one", x);
   if (f == "log") return e.un("stablehlo.log", x);
-  if (f == "log2") return e.div(e.un("stablehlo.log", x), e.k(ln2));
-  if (f == "log10") return e.div(e.un("stablehlo.log", x), e.k(ln10));
+  if (f == "log2") return divide_by_real(e, e.un("stablehlo.log", x), ln2);
+  if (f == "log10") return divide_by_real(e, e.un("stablehlo.log", x), ln10);
   if (f == "log1p") return e.un("stablehlo.log_plus_one", x);
   if (f == "sqrt") return e.un("stablehlo.sqrt", x);
   if (f == "rsqrt") return e.un("stablehlo.rsqrt", x);
@@ -31,7 +70,7 @@ V float_fn(const Ex& e, const std::string& f, const V& x) {
   if (f == "cos") return e.un("stablehlo.cosine", x);
   if (f == "tan") return e.un("stablehlo.tan", x);
   if (f == "tanh") return e.un("stablehlo.tanh", x);
-  if (f == "atan") return e.c.binary("stablehlo.atan2", x, e.k(1.0));
+  if (f == "atan") return is_complex(e.dt) ? e.un("chlo.atan", x) : e.c.binary("stablehlo.atan2", x, e.k(1.0));
   if (f == "asin") return e.un("chlo.asin", x);
   if (f == "acos") return e.un("chlo.acos", x);
   if (f == "sinh") return e.un("chlo.sinh", x);
@@ -63,7 +102,9 @@ void lower_float_unary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V x = ctx.convert(ctx.input(node, 0), e.dt);
-  ctx.set_result(ctx.convert(float_fn(e, rule_data(node), x), out.dtype));
+  std::string f = rule_data(node);
+  V r = is_complex(e.dt) && has_cut_on_axis(f) ? complex_on_cut(e, f, x) : float_fn(e, f, x);
+  ctx.set_result(ctx.convert(r, out.dtype));
 }
 
 // gelu(self, approximate="none"|"tanh")
@@ -125,12 +166,13 @@ void lower_pointwise_backward(LoweringContext& ctx, const Node& node) {
   V g = e.arg(node, 0);
   V zero = e.k(0.0);
   V r;
+  // Complex: grad times the conjugate derivative (PyTorch's convention for holomorphic f).
   if (f == "sigmoid_backward") {  // (grad, output)
     V y = e.arg(node, 1);
-    r = e.mul(g, e.mul(e.sub(e.k(1.0), y), y));
+    r = e.mul(g, ctx.conj(e.mul(e.sub(e.k(1.0), y), y)));
   } else if (f == "tanh_backward") {  // (grad, output)
     V y = e.arg(node, 1);
-    r = e.mul(g, e.sub(e.k(1.0), e.mul(y, y)));
+    r = e.mul(g, ctx.conj(e.sub(e.k(1.0), e.mul(y, y))));
   } else if (f == "silu_backward") {  // (grad, self)
     V x = e.arg(node, 1);
     V s = e.un("stablehlo.logistic", x);
@@ -230,10 +272,27 @@ void lower_activation(LoweringContext& ctx, const Node& node) {
 // ---------------------------------------------------------------------------------------
 // Ops that also take integer (and bool) inputs.
 
+// abs, neg and sgn of a complex value (abs is real).
+V complex_unary(LoweringContext& ctx, const std::string& f, const V& x) {
+  if (f == "neg") return ctx.unary("stablehlo.negate", x);
+  V magnitude = ctx.emit("stablehlo.abs", {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)});
+  if (f == "abs") return magnitude;
+  if (f != "sgn") throw std::logic_error("torchtpu: no complex " + f);
+  // x / |x|, and 0 where x is 0 (PyTorch's sgn).
+  V zero = ctx.constant(0, magnitude.type.dtype, x.type.shape);
+  V is_zero = ctx.compare("EQ", magnitude, zero);
+  V unit = ctx.binary("stablehlo.divide", x, ctx.make_complex(magnitude, zero));
+  return ctx.select(is_zero, ctx.constant(0, x.type.dtype, x.type.shape), unit);
+}
+
 void lower_int_unary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   std::string f = rule_data(node);
   V x0 = ctx.input(node, 0);
+  if (is_complex(x0.type.dtype)) {
+    ctx.set_result(complex_unary(ctx, f, x0));
+    return;
+  }
   if (!is_floating(out.dtype)) {
     V x = ctx.convert(x0, out.dtype);
     Ex e = make_ex(ctx, out.dtype, out.shape);
@@ -298,6 +357,11 @@ void lower_zero_tensor(LoweringContext& ctx, const Node& node) {
 // pow.Tensor_Tensor(self, exponent) / pow.Tensor_Scalar(self, exponent) / pow.Scalar(self, exponent)
 void lower_pow(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
+  if (is_complex(out.dtype)) {
+    Ex e = make_ex(ctx, out.dtype, out.shape);
+    ctx.set_result(ctx.binary("stablehlo.power", e.arg(node, 0), e.arg(node, 1)));
+    return;
+  }
   if (!is_floating(out.dtype)) {
     if (out.dtype == DType::Bool) {
       // bool ** bool: x or not y.
@@ -447,6 +511,18 @@ void lower_float_class(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   std::string f = rule_data(node);
   V x = ctx.input(node, 0);
+  if (is_complex(x.type.dtype)) {
+    // Either part NaN / infinite; finite when both parts are.
+    Ex e = make_ex(ctx, real_part_type(x.type.dtype), out.shape);
+    V re = ctx.real_part(x), im = ctx.imag_part(x);
+    const double inf = std::numeric_limits<double>::infinity();
+    auto inf_part = [&](const V& p) { return e.cmp("EQ", e.un("stablehlo.abs", p), e.k(inf)); };
+    auto finite_part = [&](const V& p) { return e.cmp("LT", e.un("stablehlo.abs", p), e.k(inf)); };
+    if (f == "isnan") ctx.set_result(e.bor(e.isnan(re), e.isnan(im)));
+    else if (f == "isinf") ctx.set_result(e.bor(inf_part(re), inf_part(im)));
+    else ctx.set_result(e.band(finite_part(re), finite_part(im)));  // isfinite
+    return;
+  }
   if (!is_floating(x.type.dtype)) {
     ctx.set_result(ctx.constant(f == "isfinite" ? 1 : 0, DType::Bool, out.shape));
     return;
@@ -504,44 +580,47 @@ void lower_bitwise(LoweringContext& ctx, const Node& node) {
 }
 
 #define FLOAT_UNARY(name) LOWERING("aten::" #name, lower_float_unary, #name)
-FLOAT_UNARY(exp);
-FLOAT_UNARY(exp2);
-FLOAT_UNARY(expm1);
-FLOAT_UNARY(log);
-FLOAT_UNARY(log2);
-FLOAT_UNARY(log10);
-FLOAT_UNARY(log1p);
-FLOAT_UNARY(sqrt);
-FLOAT_UNARY(rsqrt);
-FLOAT_UNARY(reciprocal);
-FLOAT_UNARY(sin);
-FLOAT_UNARY(cos);
-FLOAT_UNARY(tan);
-FLOAT_UNARY(tanh);
-FLOAT_UNARY(atan);
-FLOAT_UNARY(asin);
-FLOAT_UNARY(acos);
-FLOAT_UNARY(sinh);
-FLOAT_UNARY(cosh);
-FLOAT_UNARY(asinh);
-FLOAT_UNARY(acosh);
-FLOAT_UNARY(atanh);
+// The same functions of complex values (StableHLO and CHLO take complex operands for these).
+#define COMPLEX_FLOAT_UNARY(name) LOWERING("aten::" #name, lower_float_unary, #name, kTakesComplex)
+COMPLEX_FLOAT_UNARY(exp);
+COMPLEX_FLOAT_UNARY(exp2);
+COMPLEX_FLOAT_UNARY(expm1);
+COMPLEX_FLOAT_UNARY(log);
+COMPLEX_FLOAT_UNARY(log2);
+COMPLEX_FLOAT_UNARY(log10);
+COMPLEX_FLOAT_UNARY(log1p);
+COMPLEX_FLOAT_UNARY(sqrt);
+COMPLEX_FLOAT_UNARY(rsqrt);
+COMPLEX_FLOAT_UNARY(reciprocal);
+COMPLEX_FLOAT_UNARY(sin);
+COMPLEX_FLOAT_UNARY(cos);
+COMPLEX_FLOAT_UNARY(tan);
+COMPLEX_FLOAT_UNARY(tanh);
+COMPLEX_FLOAT_UNARY(atan);
+COMPLEX_FLOAT_UNARY(asin);
+COMPLEX_FLOAT_UNARY(acos);
+COMPLEX_FLOAT_UNARY(sinh);
+COMPLEX_FLOAT_UNARY(cosh);
+COMPLEX_FLOAT_UNARY(asinh);
+COMPLEX_FLOAT_UNARY(acosh);
+COMPLEX_FLOAT_UNARY(atanh);
 FLOAT_UNARY(erf);
 FLOAT_UNARY(erfc);
 FLOAT_UNARY(erfinv);
 FLOAT_UNARY(lgamma);
-FLOAT_UNARY(sigmoid);
-FLOAT_UNARY(silu);
+COMPLEX_FLOAT_UNARY(sigmoid);
+COMPLEX_FLOAT_UNARY(silu);
 FLOAT_UNARY(mish);
 FLOAT_UNARY(hardswish);
 FLOAT_UNARY(hardsigmoid);
 FLOAT_UNARY(frac);
 #undef FLOAT_UNARY
+#undef COMPLEX_FLOAT_UNARY
 
 LOWERING("aten::gelu", lower_gelu);
 LOWERING("aten::gelu_backward", lower_gelu_backward);
-LOWERING("aten::sigmoid_backward", lower_pointwise_backward, "sigmoid_backward");
-LOWERING("aten::tanh_backward", lower_pointwise_backward, "tanh_backward");
+LOWERING("aten::sigmoid_backward", lower_pointwise_backward, "sigmoid_backward", kTakesComplex);
+LOWERING("aten::tanh_backward", lower_pointwise_backward, "tanh_backward", kTakesComplex);
 LOWERING("aten::silu_backward", lower_pointwise_backward, "silu_backward");
 LOWERING("aten::mish_backward", lower_pointwise_backward, "mish_backward");
 LOWERING("aten::softplus_backward", lower_pointwise_backward, "softplus_backward");
@@ -558,10 +637,10 @@ LOWERING("aten::elu", lower_activation, "elu");
 LOWERING("aten::logit", lower_activation, "logit");
 LOWERING("aten::threshold", lower_activation, "threshold");
 
-LOWERING("aten::abs", lower_int_unary, "abs");
-LOWERING("aten::neg", lower_int_unary, "neg");
+LOWERING("aten::abs", lower_int_unary, "abs", kTakesComplex);
+LOWERING("aten::neg", lower_int_unary, "neg", kTakesComplex);
 LOWERING("aten::sign", lower_int_unary, "sign");
-LOWERING("aten::sgn", lower_int_unary, "sgn");
+LOWERING("aten::sgn", lower_int_unary, "sgn", kTakesComplex);
 LOWERING("aten::relu", lower_int_unary, "relu");
 LOWERING("aten::floor", lower_int_unary, "floor");
 LOWERING("aten::ceil", lower_int_unary, "ceil");
@@ -570,9 +649,9 @@ LOWERING("aten::trunc", lower_int_unary, "trunc");
 LOWERING("aten::round.decimals", lower_round_decimals);
 LOWERING("aten::_efficientzerotensor", lower_zero_tensor);
 
-LOWERING("aten::pow.Tensor_Tensor", lower_pow);
-LOWERING("aten::pow.Tensor_Scalar", lower_pow);
-LOWERING("aten::pow.Scalar", lower_pow);
+LOWERING("aten::pow.Tensor_Tensor", lower_pow, nullptr, kTakesComplex);
+LOWERING("aten::pow.Tensor_Scalar", lower_pow, nullptr, kTakesComplex);
+LOWERING("aten::pow.Scalar", lower_pow, nullptr, kTakesComplex);
 LOWERING("aten::atan2", lower_atan2);
 LOWERING("aten::logaddexp", lower_logaddexp, "e");
 LOWERING("aten::logaddexp2", lower_logaddexp, "2");
@@ -587,17 +666,17 @@ LOWERING("aten::fmax", lower_fmax_fmin, "fmax");
 LOWERING("aten::fmin", lower_fmax_fmin, "fmin");
 LOWERING("aten::lerp.Scalar", lower_lerp);
 LOWERING("aten::lerp.Tensor", lower_lerp);
-LOWERING("aten::addcmul", lower_addc, "addcmul");
-LOWERING("aten::addcdiv", lower_addc, "addcdiv");
+LOWERING("aten::addcmul", lower_addc, "addcmul", kTakesComplex);
+LOWERING("aten::addcdiv", lower_addc, "addcdiv", kTakesComplex);
 LOWERING("aten::clamp", lower_clamp, "clamp");
 LOWERING("aten::clamp.Tensor", lower_clamp, "clamp");
 LOWERING("aten::clamp_min", lower_clamp, "clamp_min");
 LOWERING("aten::clamp_min.Tensor", lower_clamp, "clamp_min");
 LOWERING("aten::clamp_max", lower_clamp, "clamp_max");
 LOWERING("aten::clamp_max.Tensor", lower_clamp, "clamp_max");
-LOWERING("aten::isnan", lower_float_class, "isnan");
-LOWERING("aten::isinf", lower_float_class, "isinf");
-LOWERING("aten::isfinite", lower_float_class, "isfinite");
+LOWERING("aten::isnan", lower_float_class, "isnan", kTakesComplex);
+LOWERING("aten::isinf", lower_float_class, "isinf", kTakesComplex);
+LOWERING("aten::isfinite", lower_float_class, "isfinite", kTakesComplex);
 LOWERING("aten::isposinf", lower_float_class, "isposinf");
 LOWERING("aten::isneginf", lower_float_class, "isneginf");
 LOWERING("aten::nan_to_num", lower_nan_to_num);

@@ -1,4 +1,5 @@
-// Matrix and vector products: mm, bmm, addmm, baddbmm, mv, addmv, dot, vdot, addbmm, cross.
+// Matrix and vector products: mm, bmm, addmm, baddbmm, mv, addmv, dot, vdot, addbmm (complex
+// too), cross.
 #include "lowering/common.h"
 
 namespace torchtpu {
@@ -9,11 +10,11 @@ V beta_self_plus_alpha(LoweringContext& ctx, const Node& node, V product) {
   const TensorType& out = ctx.out(node);
   const Arg& beta = node.args[3];
   const Arg& alpha = node.args[4];
-  if (alpha.lifted || alpha.as_double() != 1.0)
+  if (!alpha.is_constant(1.0))
     product = ctx.binary("stablehlo.multiply", product, ctx.broadcast_to(ctx.scalar(node, 4, out.dtype), out.shape));
-  if (!beta.lifted && beta.as_double() == 0.0) return product;  // PyTorch ignores self (even NaN) when beta is 0
+  if (beta.is_constant(0.0)) return product;  // PyTorch ignores self (even NaN) when beta is 0
   V self = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
-  if (beta.lifted || beta.as_double() != 1.0)
+  if (!beta.is_constant(1.0))
     self = ctx.binary("stablehlo.multiply", self, ctx.broadcast_to(ctx.scalar(node, 3, out.dtype), out.shape));
   return ctx.binary("stablehlo.add", self, product);
 }
@@ -72,6 +73,14 @@ void lower_mv_dot(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.dot_general(a, b, {}, {}, {a.type.rank() - 1}, {0}, out));
 }
 
+// vdot(self, other): dot with self conjugated.
+void lower_vdot(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V a = ctx.conj(ctx.convert(ctx.input(node, 0), out.dtype));
+  V b = ctx.convert(ctx.input(node, 1), out.dtype);
+  ctx.set_result(ctx.dot_general(a, b, {}, {}, {0}, {0}, out));
+}
+
 // addmv(self, mat, vec, beta, alpha) and addbmm(self, batch1, batch2, beta, alpha):
 // beta * self + alpha * product (addbmm sums the batch of products).
 void lower_addmv_addbmm(LoweringContext& ctx, const Node& node) {
@@ -104,16 +113,16 @@ void lower_cross(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.concatenate({term(1, 2), term(2, 0), term(0, 1)}, dim));
 }
 
-LOWERING("aten::mm", lower_matmul);
-LOWERING("aten::vdot", lower_mv_dot);  // real tensors: no conjugate
+LOWERING("aten::mm", lower_matmul, nullptr, kTakesComplex);
 LOWERING("aten::linalg_cross", lower_cross);
-LOWERING("aten::mv", lower_mv_dot);
-LOWERING("aten::dot", lower_mv_dot);
-LOWERING("aten::addmv", lower_addmv_addbmm);
-LOWERING("aten::addbmm", lower_addmv_addbmm);
-LOWERING("aten::bmm", lower_matmul);
-LOWERING("aten::addmm", lower_addmm);
-LOWERING("aten::baddbmm", lower_addmm);
+LOWERING("aten::mv", lower_mv_dot, nullptr, kTakesComplex);
+LOWERING("aten::dot", lower_mv_dot, nullptr, kTakesComplex);
+LOWERING("aten::vdot", lower_vdot, nullptr, kTakesComplex);
+LOWERING("aten::addmv", lower_addmv_addbmm, nullptr, kTakesComplex);
+LOWERING("aten::addbmm", lower_addmv_addbmm, nullptr, kTakesComplex);
+LOWERING("aten::bmm", lower_matmul, nullptr, kTakesComplex);
+LOWERING("aten::addmm", lower_addmm, nullptr, kTakesComplex);
+LOWERING("aten::baddbmm", lower_addmm, nullptr, kTakesComplex);
 
 }  // namespace
 }  // namespace torchtpu

@@ -82,13 +82,22 @@ void lower_var_std(LoweringContext& ctx, const Node& node) {
   check_argument(is_floating(x0.type.dtype), (f == "var" || f == "std" ? std::string("std and var") : f) +
                                                  " only support floating point and complex dtypes");
   std::vector<int64_t> dims = reduced_dims(node, 1, x0.type.rank());
-  DType acc = acc_dtype(out.dtype);
+  DType acc = acc_dtype(is_complex(x0.type.dtype) ? x0.type.dtype : out.dtype);  // complex input: real var
   V x = ctx.convert(x0, acc);
   int64_t count = count_of(x, dims);
   V mean = sum_dims(ctx, x, dims);
   mean = ctx.binary("stablehlo.divide", mean, ctx.constant(static_cast<double>(count), acc, mean.type.shape));
   V centered = ctx.binary("stablehlo.subtract", x, unreduce(ctx, mean, x, dims));
-  V sq = sum_dims(ctx, ctx.binary("stablehlo.multiply", centered, centered), dims);
+  V squares;
+  if (is_complex(acc)) {
+    // |x - mean|^2: the variance of complex values is real.
+    V re = ctx.real_part(centered), im = ctx.imag_part(centered);
+    squares = ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", re, re), ctx.binary("stablehlo.multiply", im, im));
+    acc = re.type.dtype;
+  } else {
+    squares = ctx.binary("stablehlo.multiply", centered, centered);
+  }
+  V sq = sum_dims(ctx, squares, dims);
   V correction = node.args.size() > 2 && !node.args[2].is_none() ? ctx.scalar(node, 2, acc) : ctx.constant(1, acc);
   V divisor = ctx.binary("stablehlo.subtract", ctx.constant(static_cast<double>(count), acc), correction);
   divisor = ctx.binary("stablehlo.maximum", divisor, ctx.constant(0, acc));
@@ -282,10 +291,12 @@ void lower_vector_norm(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   double ord = node.args[1].is_none() ? 2.0 : node.args[1].as_double();
   DType acc = acc_dtype(out.dtype);
-  V x = ctx.convert(ctx.input(node, 0), acc);
+  V x0 = ctx.input(node, 0);
+  // A complex input's norm is of its magnitudes (abs is real); zeros count as for reals.
+  V x = is_complex(x0.type.dtype) ? x0 : ctx.convert(x0, acc);
   bool all = rule_data(node) && std::string(rule_data(node)) == "all";  // no dim argument
   std::vector<int64_t> dims = all ? all_dims(x.type.rank()) : reduced_dims(node, 2, x.type.rank());
-  V a = ctx.unary("stablehlo.abs", x);
+  V a = ctx.convert(ctx.emit("stablehlo.abs", {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)}), acc);
   V r;
   if (std::isinf(ord)) {
     bool is_max = ord > 0;
@@ -294,7 +305,7 @@ void lower_vector_norm(LoweringContext& ctx, const Node& node) {
     V any_nan = ctx.reduce(ctx.compare("NE", a, a), dims, ctx.constant(0, DType::Bool), "stablehlo.or");
     r = ctx.select(any_nan, ctx.constant(NAN, acc, r.type.shape), r);
   } else if (ord == 0) {
-    r = sum_dims(ctx, ctx.convert(ctx.compare("NE", x, ctx.constant(0, acc, x.type.shape)), acc), dims);
+    r = sum_dims(ctx, ctx.convert(ctx.compare("NE", x, ctx.constant(0, x.type.dtype, x.type.shape)), acc), dims);
   } else if (ord == 1) {
     r = sum_dims(ctx, a, dims);
   } else if (ord == 2) {
@@ -340,16 +351,16 @@ void lower_cumulative(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 
-LOWERING("aten::sum", lower_sum_mean);
-LOWERING("aten::sum.dim_IntList", lower_sum_mean);
-LOWERING("aten::mean.dim", lower_sum_mean, "mean");
-LOWERING("aten::mean", lower_sum_mean, "mean");
-LOWERING("aten::prod", lower_prod);
-LOWERING("aten::prod.dim_int", lower_prod);
-LOWERING("aten::var.correction", lower_var_std, "var");
-LOWERING("aten::std.correction", lower_var_std, "std");
-LOWERING("aten::var_mean.correction", lower_var_std, "var_mean");
-LOWERING("aten::std_mean.correction", lower_var_std, "std_mean");
+LOWERING("aten::sum", lower_sum_mean, nullptr, kTakesComplex);
+LOWERING("aten::sum.dim_IntList", lower_sum_mean, nullptr, kTakesComplex);
+LOWERING("aten::mean.dim", lower_sum_mean, "mean", kTakesComplex);
+LOWERING("aten::mean", lower_sum_mean, "mean", kTakesComplex);
+LOWERING("aten::prod", lower_prod, nullptr, kTakesComplex);
+LOWERING("aten::prod.dim_int", lower_prod, nullptr, kTakesComplex);
+LOWERING("aten::var.correction", lower_var_std, "var", kTakesComplex);
+LOWERING("aten::std.correction", lower_var_std, "std", kTakesComplex);
+LOWERING("aten::var_mean.correction", lower_var_std, "var_mean", kTakesComplex);
+LOWERING("aten::std_mean.correction", lower_var_std, "std_mean", kTakesComplex);
 LOWERING("aten::max", lower_extremum, "max");
 LOWERING("aten::min", lower_extremum, "min");
 LOWERING("aten::amax", lower_extremum, "max");
@@ -359,24 +370,25 @@ LOWERING("aten::min.dim", lower_extremum_dim, "min");
 LOWERING("aten::argmax", lower_argextremum, "max");
 LOWERING("aten::argmin", lower_argextremum, "min");
 LOWERING("aten::logsumexp", lower_logsumexp);
-LOWERING("aten::any", lower_any_all, "any");
-LOWERING("aten::any.dim", lower_any_all, "any");
-LOWERING("aten::any.dims", lower_any_all, "any");
-LOWERING("aten::all", lower_any_all, "all");
-LOWERING("aten::all.dim", lower_any_all, "all");
-LOWERING("aten::all.dims", lower_any_all, "all");
-LOWERING("aten::linalg_vector_norm", lower_vector_norm, nullptr, /*static_scalars=*/true);
-LOWERING("aten::norm.Scalar", lower_vector_norm, "all", /*static_scalars=*/true);
-LOWERING("aten::norm.ScalarOpt_dtype", lower_vector_norm, "all", /*static_scalars=*/true);
-LOWERING("aten::norm.ScalarOpt_dim", lower_vector_norm, nullptr, /*static_scalars=*/true);
-LOWERING("aten::norm.ScalarOpt_dim_dtype", lower_vector_norm, nullptr, /*static_scalars=*/true);
+constexpr RuleFlags kNormFlags{.static_scalars = true, .complex = true};
+LOWERING("aten::any", lower_any_all, "any", kTakesComplex);
+LOWERING("aten::any.dim", lower_any_all, "any", kTakesComplex);
+LOWERING("aten::any.dims", lower_any_all, "any", kTakesComplex);
+LOWERING("aten::all", lower_any_all, "all", kTakesComplex);
+LOWERING("aten::all.dim", lower_any_all, "all", kTakesComplex);
+LOWERING("aten::all.dims", lower_any_all, "all", kTakesComplex);
+LOWERING("aten::linalg_vector_norm", lower_vector_norm, nullptr, kNormFlags);
+LOWERING("aten::norm.Scalar", lower_vector_norm, "all", kNormFlags);
+LOWERING("aten::norm.ScalarOpt_dtype", lower_vector_norm, "all", kNormFlags);
+LOWERING("aten::norm.ScalarOpt_dim", lower_vector_norm, nullptr, kNormFlags);
+LOWERING("aten::norm.ScalarOpt_dim_dtype", lower_vector_norm, nullptr, kNormFlags);
 LOWERING("aten::aminmax", lower_aminmax);
 LOWERING("aten::nansum", lower_nansum);
 LOWERING("aten::trace", lower_trace);
 LOWERING("aten::trace_backward", lower_trace_backward);
 LOWERING("aten::renorm", lower_renorm, nullptr, /*static_scalars=*/false);
-LOWERING("aten::cumsum", lower_cumulative, "sum");
-LOWERING("aten::cumprod", lower_cumulative, "prod");
+LOWERING("aten::cumsum", lower_cumulative, "sum", kTakesComplex);
+LOWERING("aten::cumprod", lower_cumulative, "prod", kTakesComplex);
 
 }  // namespace
 }  // namespace torchtpu

@@ -21,17 +21,27 @@ Table& table() {
   return *rules;
 }
 
+void add_rule(const LoweringRule& rule) {
+  Table& t = table();
+  auto& slot = t.by_name[rule.kind.name()];
+  if (slot) throw std::logic_error("torchtpu: two lowerings for " + rule.kind.name());
+  slot.reset(new LoweringRule(rule));
+  uint32_t id = slot->kind.id();
+  if (t.by_kind.size() <= id) t.by_kind.resize(id + 1, nullptr);
+  t.by_kind[id] = slot.get();
+}
+
 }  // namespace
 
 RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data, bool static_scalars,
                                    bool random) {
-  Table& t = table();
-  auto& slot = t.by_name[op];
-  if (slot) throw std::logic_error(std::string("torchtpu: two lowerings for ") + op);
-  slot.reset(new LoweringRule{OpKind::intern(op), fn, data, static_scalars, random});
-  uint32_t id = slot->kind.id();
-  if (t.by_kind.size() <= id) t.by_kind.resize(id + 1, nullptr);
-  t.by_kind[id] = slot.get();
+  add_rule(LoweringRule{OpKind::intern(op), fn, data, static_scalars, random});
+}
+
+RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data, RuleFlags flags) {
+  LoweringRule rule{OpKind::intern(op), fn, data, flags.static_scalars, flags.random};
+  rule.complex = flags.complex;
+  add_rule(rule);
 }
 
 const LoweringRule* find_lowering(const std::string& op) {

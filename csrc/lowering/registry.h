@@ -18,7 +18,20 @@ struct LoweringRule {
   const char* data = nullptr;   // family parameter, e.g. the StableHLO op of an elementwise rule
   bool static_scalars = false;  // Scalar arguments are compile-time constants (e.g. arange bounds)
   bool random = false;          // consumes the generator: a seed and an offset are appended as args
+  // Takes complex operands or gives complex results. A rule without it never sees a complex
+  // tensor: such calls run through the CPU fallback, which computes them (or raises CPU's error).
+  bool complex = false;
 };
+
+// A rule's properties, declared at registration:
+// LOWERING("aten::norm.Scalar", lower_vector_norm, "all", RuleFlags{.static_scalars = true, .complex = true});
+struct RuleFlags {
+  bool static_scalars = false;
+  bool random = false;
+  bool complex = false;
+};
+// Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, "exp", kTakesComplex);
+inline constexpr RuleFlags kTakesComplex{.complex = true};
 
 const LoweringRule* find_lowering(const std::string& op);
 const LoweringRule* find_lowering(OpKind kind);
@@ -29,6 +42,7 @@ std::vector<std::string> lowered_ops();
 struct RegisterLowering {
   RegisterLowering(const char* op, LowerFn fn, const char* data = nullptr, bool static_scalars = false,
                    bool random = false);
+  RegisterLowering(const char* op, LowerFn fn, const char* data, RuleFlags flags);
 };
 
 #define TORCHTPU_CONCAT_INNER(a, b) a##b

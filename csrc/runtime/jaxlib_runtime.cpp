@@ -87,6 +87,7 @@ DLDataType dlpack_dtype(DType dtype) {
     case DType::UInt8: t.code = kDLUInt; break;
     case DType::BFloat16: t.code = kDLBfloat; break;
     case DType::Float16: case DType::Float32: case DType::Float64: t.code = kDLFloat; break;
+    case DType::ComplexFloat: case DType::ComplexDouble: t.code = kDLComplex; break;
     default: t.code = kDLInt; break;
   }
   return t;

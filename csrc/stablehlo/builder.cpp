@@ -54,7 +54,7 @@ std::string types_of(const std::vector<V>& values) {
 }
 
 const char* compare_type(DType dtype) {
-  if (is_floating(dtype)) return "FLOAT";
+  if (is_floating(dtype) || is_complex(dtype)) return "FLOAT";  // complex: EQ and NE only
   if (is_signed_integer(dtype)) return "SIGNED";
   return "UNSIGNED";
 }
@@ -118,7 +118,9 @@ V LoweringContext::scalar(const Node& node, int arg, DType dtype) { return scala
 V LoweringContext::scalar_at(const Node& node, int arg, size_t index, DType dtype) {
   const Arg& a = node.args.at(arg);
   // Not lifted, or lifted but the graph has no scalar packs (an exported module): a constant.
-  if (!a.lifted || lifted_slots_.empty()) {
+  bool packed = a.lifted && !lifted_slots_.empty();
+  if (a.kind == Arg::Kind::Complex) return complex_scalar(a, packed ? lifted_slots_.at(arg) : -1, dtype);
+  if (!packed) {
     if (a.kind == Arg::Kind::DoubleList) return constant(a.doubles.at(index), dtype);
     if (a.kind == Arg::Kind::IntList) return constant_int(a.ints.at(index), dtype);
     if (a.kind == Arg::Kind::Double) return constant(a.d, dtype);
@@ -151,6 +153,16 @@ void LoweringContext::check(const V& failed, const V& value, RuntimeCheck check)
                     "slice_sizes = array<i64: 1>");
   }
   checks_.push_back(EmittedCheck{node_, std::move(check), concatenate({reshape(any, {1}), reported}, 0)});
+}
+
+V LoweringContext::complex_scalar(const Arg& a, int slot, DType dtype) {
+  if (!is_complex(dtype))
+    throw std::logic_error("torchtpu: a complex scalar used as " + std::string(dtype_name(dtype)));
+  if (slot < 0) return constant_complex(a.doubles[0], a.doubles[1], dtype);
+  DType part = real_part_type(dtype);
+  V re = convert(reshape(slice(float_pack_, {slot}, {slot + 1}, {1}), {}), part);
+  V im = convert(reshape(slice(float_pack_, {slot + 1}, {slot + 2}, {1}), {}), part);
+  return make_complex(re, im);
 }
 
 V LoweringContext::emit(const std::string& op, const std::vector<V>& operands, const TensorType& result,
@@ -187,6 +199,7 @@ std::vector<V> LoweringContext::emit_multi(const std::string& op, const std::vec
 }
 
 V LoweringContext::constant(double value, DType dtype, const std::vector<int64_t>& shape) {
+  if (is_complex(dtype)) return constant_complex(value, 0.0, dtype, shape);
   TensorType type{shape, dtype};
   std::string literal;
   if (dtype == DType::Bool) literal = value != 0.0 ? "true" : "false";
@@ -195,8 +208,15 @@ V LoweringContext::constant(double value, DType dtype, const std::vector<int64_t
   return emit("stablehlo.constant", {}, type, "value = dense<" + literal + "> : " + type.mlir());
 }
 
+V LoweringContext::constant_complex(double real, double imag, DType dtype, const std::vector<int64_t>& shape) {
+  TensorType type{shape, dtype};
+  DType part = real_part_type(dtype);
+  std::string literal = "(" + float_literal(real, part) + ", " + float_literal(imag, part) + ")";
+  return emit("stablehlo.constant", {}, type, "value = dense<" + literal + "> : " + type.mlir());
+}
+
 V LoweringContext::constant_int(int64_t value, DType dtype, const std::vector<int64_t>& shape) {
-  if (is_floating(dtype)) return constant(static_cast<double>(value), dtype, shape);
+  if (is_floating(dtype) || is_complex(dtype)) return constant(static_cast<double>(value), dtype, shape);
   TensorType type{shape, dtype};
   std::string literal = dtype == DType::Bool ? (value ? "true" : "false") : std::to_string(value);
   if (dtype == DType::UInt8) literal = std::to_string(static_cast<uint8_t>(value));
@@ -210,12 +230,37 @@ V LoweringContext::convert(const V& x, DType dtype) {
     V zero = constant(0, x.type.dtype, x.type.shape);
     return compare("NE", x, zero);
   }
+  if (is_complex(x.type.dtype) && !is_complex(dtype)) return convert(real_part(x), dtype);  // PyTorch keeps the real part
+  if (is_complex(dtype) && !is_complex(x.type.dtype)) {
+    // Through the part type, so integer and half inputs round as PyTorch's casts do.
+    V part = convert(x, real_part_type(dtype));
+    return emit("stablehlo.convert", {part}, TensorType{x.type.shape, dtype});
+  }
   if (is_floating(x.type.dtype) && (dtype == DType::UInt8 || dtype == DType::Int8 || dtype == DType::Int16)) {
     // PyTorch's CPU casts truncate to a wide integer and wrap; XLA would saturate.
     V wide = emit("stablehlo.convert", {x}, TensorType{x.type.shape, DType::Int64});
     return emit("stablehlo.convert", {wide}, TensorType{x.type.shape, dtype});
   }
   return emit("stablehlo.convert", {x}, TensorType{x.type.shape, dtype});
+}
+
+V LoweringContext::real_part(const V& x) {
+  if (!is_complex(x.type.dtype)) return x;
+  return emit("stablehlo.real", {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)});
+}
+
+V LoweringContext::imag_part(const V& x) {
+  if (!is_complex(x.type.dtype)) return constant(0, x.type.dtype, x.type.shape);
+  return emit("stablehlo.imag", {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)});
+}
+
+V LoweringContext::make_complex(const V& real, const V& imag) {
+  return emit("stablehlo.complex", {real, imag}, TensorType{real.type.shape, complex_type_of(real.type.dtype)});
+}
+
+V LoweringContext::conj(const V& x) {
+  if (!is_complex(x.type.dtype)) return x;
+  return make_complex(real_part(x), unary("stablehlo.negate", imag_part(x)));
 }
 
 V LoweringContext::reshape(const V& x, const std::vector<int64_t>& shape) {

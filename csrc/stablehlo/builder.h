@@ -96,7 +96,14 @@ class LoweringContext {
   // --- helpers ----------------------------------------------------------------------------
   V constant(double value, DType dtype, const std::vector<int64_t>& shape = {});
   V constant_int(int64_t value, DType dtype, const std::vector<int64_t>& shape = {});
+  V constant_complex(double real, double imag, DType dtype, const std::vector<int64_t>& shape = {});
+  // PyTorch's casts: complex -> real keeps the real part, nonzero -> true for bool.
   V convert(const V& x, DType dtype);
+  // Parts of a complex value (a real x is its own real part, with a zero imaginary part).
+  V real_part(const V& x);
+  V imag_part(const V& x);
+  V make_complex(const V& real, const V& imag);  // real and imag: same float type
+  V conj(const V& x);                            // identity on real values
   V reshape(const V& x, const std::vector<int64_t>& shape);
   V broadcast_in_dim(const V& x, const std::vector<int64_t>& shape, const std::vector<int64_t>& dims);
   V broadcast_to(const V& x, const std::vector<int64_t>& shape);  // numpy rules, right-aligned
@@ -121,6 +128,7 @@ class LoweringContext {
 
  private:
   void append(const std::string& line) { body_ += line; }
+  V complex_scalar(const Arg& a, int slot, DType dtype);  // a Complex argument: a constant (slot < 0) or lifted
 
   std::string body_;
   std::string functions_;
