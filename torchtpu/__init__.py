@@ -36,7 +36,10 @@ def _initialize():
             f"{', '.join(_VALID_PLATFORMS)} (present here: {', '.join(present) or 'none'})"
         )
     cpu_devices = int(os.environ.get("TORCHTPU_NUM_DEVICES", "1") or "1")
-    _C.init(requested, cpu_devices)
+    local_rank, local_world_size = _process_layout()
+    # The runtime (jaxlib's client) starts at the first tpu use, so that a torchrun process
+    # can join the job's distributed runtime first (torchtpu.distributed).
+    _C.configure(requested, cpu_devices, local_rank, local_world_size)
     _C.set_fallback_policy(os.environ.get("TORCHTPU_FALLBACK", "warn").strip().lower() or "warn")
     cache_dir = os.environ.get("TORCHTPU_CACHE_DIR")
     if cache_dir is None:
@@ -63,8 +66,25 @@ def _initialize():
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
     )
     __import__("torchtpu.integrations", fromlist=["_"]).install()  # torch fixes; library adapters on import
+    __import__("torchtpu.distributed", fromlist=["_"]).install()  # torch.distributed's "tpu" backend
     # torch.compile(backend="tpu") finds torchtpu.compiler through the torch_dynamo_backends
     # entry point (pyproject.toml): nothing to register here, and Dynamo stays unimported.
+
+
+def _process_layout():
+    """(LOCAL_RANK, LOCAL_WORLD_SIZE) in a multi-process torchrun job, else (0, 0).
+
+    One process per device: the node's devices are tpu:0..LOCAL_WORLD_SIZE-1 and this
+    process drives tpu:LOCAL_RANK, which is also its current device."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ["LOCAL_RANK"])
+        local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return 0, 0
+    if world <= 1 or not 0 <= local_rank < local_world:
+        return 0, 0
+    return local_rank, local_world
 
 
 def _present_platforms():

@@ -24,11 +24,11 @@ Table& table() {
 }  // namespace
 
 RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data, bool static_scalars,
-                                   bool random) {
+                                   bool random, bool collective) {
   Table& t = table();
   auto& slot = t.by_name[op];
   if (slot) throw std::logic_error(std::string("torchtpu: two lowerings for ") + op);
-  slot.reset(new LoweringRule{OpKind::intern(op), fn, data, static_scalars, random});
+  slot.reset(new LoweringRule{OpKind::intern(op), fn, data, static_scalars, random, collective});
   uint32_t id = slot->kind.id();
   if (t.by_kind.size() <= id) t.by_kind.resize(id + 1, nullptr);
   t.by_kind[id] = slot.get();

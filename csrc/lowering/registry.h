@@ -18,6 +18,9 @@ struct LoweringRule {
   const char* data = nullptr;   // family parameter, e.g. the StableHLO op of an elementwise rule
   bool static_scalars = false;  // Scalar arguments are compile-time constants (e.g. arange bounds)
   bool random = false;          // consumes the generator: a seed and an offset are appended as args
+  // A collective across processes: its last arg lists the global device ids of its replicas
+  // (lowering/collective.cpp); a graph holding one is compiled for those replicas.
+  bool collective = false;
 };
 
 const LoweringRule* find_lowering(const std::string& op);
@@ -28,7 +31,7 @@ std::vector<std::string> lowered_ops();
 
 struct RegisterLowering {
   RegisterLowering(const char* op, LowerFn fn, const char* data = nullptr, bool static_scalars = false,
-                   bool random = false);
+                   bool random = false, bool collective = false);
 };
 
 #define TORCHTPU_CONCAT_INNER(a, b) a##b

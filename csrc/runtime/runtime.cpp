@@ -1,11 +1,16 @@
-// The process's one Runtime.
+// The process's one Runtime, started on first use, and the process's place in a job.
 #include "runtime/runtime.h"
 
 #include <atomic>
+#include <mutex>
 
 namespace torchtpu {
 namespace {
 std::atomic<Runtime*> g_runtime{nullptr};
+std::function<Runtime*()> g_starter;
+std::mutex g_start_mutex;
+ProcessLayout g_layout;
+int g_known_device_count = -1;
 }  // namespace
 
 void install_runtime(Runtime* runtime) {
@@ -14,12 +19,39 @@ void install_runtime(Runtime* runtime) {
     throw std::logic_error("torchtpu: a runtime is already installed");
 }
 
+void set_runtime_starter(std::function<Runtime*()> starter) {
+  std::lock_guard<std::mutex> lock(g_start_mutex);
+  g_starter = std::move(starter);
+}
+
 bool runtime_initialized() { return g_runtime.load() != nullptr; }
 
 Runtime& runtime() {
-  Runtime* r = g_runtime.load();
-  if (!r) throw std::runtime_error("torchtpu: runtime used before torchtpu was initialised");
-  return *r;
+  if (Runtime* r = g_runtime.load()) return *r;
+  std::function<Runtime*()> starter;
+  {
+    std::lock_guard<std::mutex> lock(g_start_mutex);
+    starter = g_starter;
+  }
+  if (!starter) throw std::runtime_error("torchtpu: runtime used before torchtpu was initialised");
+  // The starter serialises itself (it may need to release locks the caller's language holds).
+  Runtime* started = starter();
+  Runtime* expected = nullptr;
+  g_runtime.compare_exchange_strong(expected, started);
+  return *g_runtime.load();
+}
+
+void set_process_layout(ProcessLayout layout) { g_layout = layout; }
+const ProcessLayout& process_layout() { return g_layout; }
+
+bool device_addressable(int index) { return g_layout.local_world_size == 0 || index == g_layout.local_rank; }
+
+void set_device_count_before_start(int known) { g_known_device_count = known; }
+
+int configured_device_count() {
+  if (g_layout.local_world_size > 0) return g_layout.local_world_size;
+  if (!runtime_initialized() && g_known_device_count >= 0) return g_known_device_count;
+  return runtime().device_count();
 }
 
 }  // namespace torchtpu

@@ -2,6 +2,7 @@
 // Python headers). Every jaxlib call lives behind it, in jaxlib_runtime.cpp.
 #pragma once
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,15 +19,20 @@ struct DeviceOutOfMemory : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// How a module is compiled: which device its executable runs on.
+// How a module is compiled: which device its executable runs on, and for a module with
+// collectives the global device ids of its replicas in replica order (a process group's
+// devices in group-rank order; empty: a single-device module).
 struct CompileOptions {
   int device = 0;
+  std::vector<int64_t> replica_devices;
 };
 
 class Runtime {
  public:
   virtual ~Runtime() = default;
   virtual const std::string& platform() const = 0;
+  // Device indices are node-local (tpu:N). In a torchrun job every index of the node is
+  // counted but this process can use only its own (see ProcessLayout).
   virtual int device_count() const = 0;
   // Identifies the compiler for cache keys: "jaxlib 0.10.2 cpu <platform_version>".
   virtual const std::string& version() const = 0;
@@ -48,12 +54,47 @@ class Runtime {
   virtual void wait(const DeviceBuffer& buffer) = 0;
   virtual std::string serialize(Executable& exe) = 0;
   virtual ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options) = 0;
+
+  // ---- multi-process jobs (one device per process; torch.distributed) --------------------
+  // The contents of a small int64 buffer (waits for it).
+  virtual std::vector<int64_t> read_int64(const DeviceBuffer& buffer) {
+    throw std::logic_error("torchtpu: this runtime cannot read buffers back");
+  }
+  virtual int process_index() const { return 0; }
+  virtual int64_t device_id(int device) const { return device; }  // the global id of a local device
+  // The global id of each process's device, indexed by process index (= global rank).
+  virtual std::vector<int64_t> process_device_ids() const { return {device_id(0)}; }
+  // After collectives #first..#last over these replicas failed (a peer died, stopped or
+  // issued something else): which ranks are at fault, as far as the job can tell. May wait
+  // a few seconds for the other ranks' reports. "" outside a multi-process job.
+  virtual std::string describe_collective_failure(const std::vector<int64_t>& replica_devices, int64_t first,
+                                                  int64_t last) {
+    return "";
+  }
 };
 
-// The process's runtime, installed once (init_runtime in jaxlib_runtime.h; a C++ test
-// installs its own) and never destroyed: its buffers may outlive static teardown.
+// The process's runtime, installed once (jaxlib_runtime.h; a C++ test installs its own) and
+// never destroyed: its buffers may outlive static teardown.
 void install_runtime(Runtime* runtime);
+// A runtime may instead start at its first use (runtime()): `starter` creates it, once.
+// A multi-process job joins its distributed runtime before that.
+void set_runtime_starter(std::function<Runtime*()> starter);
 bool runtime_initialized();
-Runtime& runtime();
+Runtime& runtime();  // starts the runtime on first use
+
+// One process per device (torchrun): the node has local_world_size devices, numbered
+// tpu:0..local_world_size-1, and this process drives tpu:local_rank only.
+struct ProcessLayout {
+  int local_rank = 0;
+  int local_world_size = 0;  // 0: not a multi-process job; every local device is usable
+};
+void set_process_layout(ProcessLayout layout);
+const ProcessLayout& process_layout();
+// Whether this process may use tpu:index (false for another process's device).
+bool device_addressable(int index);
+// The number of device indices, without starting the runtime when the settings tell (a
+// torchrun layout, or `known` from set_device_count_before_start; -1: ask the runtime).
+int configured_device_count();
+void set_device_count_before_start(int known);
 
 }  // namespace torchtpu

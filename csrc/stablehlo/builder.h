@@ -98,6 +98,11 @@ class LoweringContext {
   // Uniform floats in [0, 1) of dtype, from the node's seed/offset args.
   V random_uniform(const Node& node, const std::vector<int64_t>& shape, DType dtype);
 
+  // The result of the module's latest collective (lowering/collective.cpp chains them so
+  // that every process issues its collectives in program order). Empty name: none yet.
+  const V& last_collective() const { return last_collective_; }
+  void set_last_collective(V value) { last_collective_ = std::move(value); }
+
  private:
   void append(const std::string& line) { body_ += line; }
 
@@ -111,6 +116,7 @@ class LoweringContext {
   std::vector<V> results_;
   V float_pack_, int_pack_;
   bool has_float64_ = true;
+  V last_collective_;
 };
 
 template <typename F>

@@ -1,0 +1,126 @@
+"""torch.distributed on tpu: the "tpu" process-group backend.
+
+    # torchrun --nproc_per_node=N train.py       (one process per device)
+    dist.init_process_group()                   # picks "tpu" for tpu tensors
+    model = DDP(model.to("tpu"))
+
+Each process drives one device, tpu:LOCAL_RANK. Creating the first tpu process group joins
+jax's distributed runtime (the coordinator's port is chosen by rank 0 and shared through
+the c10d store), so the runtime's client sees every process's device; collectives are
+StableHLO collectives over those devices (csrc/distributed, csrc/lowering/collective.cpp),
+carried by gloo on CPU, NCCL on GPU and the ICI on TPU.
+"""
+import datetime
+import functools
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from torchtpu import _C
+
+_COORDINATOR_KEY = "torchtpu/coordinator"
+_ARRIVED_KEY = "torchtpu/arrived"
+# jax's own default: a process that has sent no heartbeat for this long is declared dead.
+_HEARTBEAT_TIMEOUT_S = 100
+
+
+def _seconds(timeout) -> float:
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def _coordinator_host() -> str:
+    # MASTER_ADDR is rank 0's host as every rank reaches it (torchrun sets it).
+    return os.environ.get("MASTER_ADDR") or socket.gethostname()
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _join_job(store, rank: int, world_size: int, timeout_s: float) -> None:
+    """Joins jax's distributed runtime (once per process, from the world group)."""
+    if world_size == 1 or _C.distributed_joined():
+        return
+    store.set(f"{_ARRIVED_KEY}/{rank}", "1")
+    if rank == 0:
+        host = _coordinator_host()
+        store.set(_COORDINATOR_KEY, f"{host}:{_free_port(host)}")
+    try:
+        address = store.get(_COORDINATOR_KEY).decode()
+    except RuntimeError as error:  # the store's timeout: rank 0 never got here
+        raise RuntimeError(f"torchtpu: rank 0 did not reach init_process_group() within {timeout_s:.0f} s "
+                           f"(rank {rank} waited for it): {error}") from None
+    init_timeout = max(1, int(timeout_s))
+    heartbeat = max(1, min(init_timeout, _HEARTBEAT_TIMEOUT_S))
+    try:
+        joined = _C.join_distributed(address, world_size, rank, init_timeout, heartbeat)
+    except RuntimeError as error:
+        absent = [r for r in range(world_size) if not store.check([f"{_ARRIVED_KEY}/{r}"])]
+        if absent:
+            raise RuntimeError(f"torchtpu: rank(s) {', '.join(map(str, absent))} did not reach "
+                               f"init_process_group() within {timeout_s:.0f} s. {error}") from None
+        raise
+    if not joined:
+        raise RuntimeError(
+            "torchtpu: tpu tensors were used before torch.distributed.init_process_group(), so this process's "
+            "tpu runtime cannot join the job any more. Call init_process_group() before creating tpu tensors "
+            "or models (under torchrun, each process then drives tpu:LOCAL_RANK).")
+
+
+def _create_backend(options, backend_options=None):
+    """Backend creator for torch.distributed (extended API): one per process group."""
+    ranks = list(options.global_ranks_in_group)
+    size = options.group_size
+    timeout_s = _seconds(options.timeout)
+    if not ranks:  # the default (world) group
+        ranks = list(range(size))
+        _join_job(options.store, options.group_rank, size, timeout_s)
+    elif size > 1 and not _C.distributed_joined():
+        raise RuntimeError(
+            "torchtpu: the first process group using the tpu backend must span every rank; create the default "
+            "group with it (init_process_group() or backend=\"cpu:gloo,tpu:tpu\") before subgroups")
+    return _C.create_backend(options.store, options.group_rank, size, ranks, timeout_s)
+
+
+def _has_tpu_backend(group) -> bool:
+    try:
+        return group._get_backend(torch.device("tpu")).name() == "tpu"
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def _patch_default_backend():
+    # PyTorch makes a group's default backend gloo when init_process_group() picks a
+    # third-party device's backend (only NCCL is recognised), and leaves it unset for
+    # "cpu:gloo,tpu:tpu"; DDP then fails looking for it ("Could not find backend type 1").
+    # A group with the tpu backend gets it as its default, as a CUDA group gets NCCL.
+    from torch.distributed import distributed_c10d as c10d
+
+    original = c10d._new_process_group_helper
+
+    @functools.wraps(original)
+    def _new_process_group_helper(*args, **kwargs):
+        group, store = original(*args, **kwargs)
+        if isinstance(group, dist.ProcessGroup) and _has_tpu_backend(group):
+            group._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        return group, store
+
+    c10d._new_process_group_helper = _new_process_group_helper
+
+
+def install() -> None:
+    """Registers the "tpu" backend, the default for tpu tensors (init_process_group())."""
+    if not dist.is_available() or "tpu" in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend("tpu", _create_backend, extended_api=True, devices=["tpu"])
+    _patch_default_backend()
+    # Each collective first checks that every rank issued the same one (a mismatch would
+    # otherwise corrupt memory or hang in the transport). Must be the same on every rank.
+    _C.set_collective_checks(os.environ.get("TORCHTPU_COLLECTIVE_CHECKS", "1").strip() not in ("0", "false", "off"))
