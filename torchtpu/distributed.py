@@ -62,7 +62,7 @@ def _join_job(store, rank: int, world_size: int, timeout_s: float) -> None:
     try:
         joined = _C.join_distributed(address, world_size, rank, init_timeout, heartbeat)
     except RuntimeError as error:
-        absent = [r for r in range(world_size) if not store.check([f"{_ARRIVED_KEY}/{r}"])]
+        absent = _absent_ranks(store, world_size)
         if absent:
             raise RuntimeError(f"torchtpu: rank(s) {', '.join(map(str, absent))} did not reach "
                                f"init_process_group() within {timeout_s:.0f} s. {error}") from None
@@ -72,6 +72,15 @@ def _join_job(store, rank: int, world_size: int, timeout_s: float) -> None:
             "torchtpu: tpu tensors were used before torch.distributed.init_process_group(), so this process's "
             "tpu runtime cannot join the job any more. Call init_process_group() before creating tpu tensors "
             "or models (under torchrun, each process then drives tpu:LOCAL_RANK).")
+
+
+def _absent_ranks(store, world_size: int) -> list:
+    """Ranks that never reached init_process_group(); none when the store is gone too (rank 0,
+    which serves it, may have given up first): the join's own error then says what to check."""
+    try:
+        return [r for r in range(world_size) if not store.check([f"{_ARRIVED_KEY}/{r}"])]
+    except RuntimeError:
+        return []
 
 
 def _create_backend(options, backend_options=None):
