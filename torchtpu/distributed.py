@@ -95,7 +95,61 @@ def _create_backend(options, backend_options=None):
         raise RuntimeError(
             "torchtpu: the first process group using the tpu backend must span every rank; create the default "
             "group with it (init_process_group() or backend=\"cpu:gloo,tpu:tpu\") before subgroups")
+    _support_fsdp2()
     return _C.create_backend(options.store, options.group_rank, size, ranks, timeout_s)
+
+
+@functools.cache
+def _support_fsdp2() -> None:
+    """What FSDP2 (fully_shard) asks of a device beyond collectives, for tpu tensors, whose
+    storages are functionalization's (no host address). Installed with the first tpu group."""
+    from torchtpu import _patches
+
+    # FSDP2 compares storages by data_ptr() to see whether a parameter still lives in its
+    # padded shard. A tpu storage has no address; its identity stands in (0 when empty, as
+    # for an empty CPU storage), so tensors sharing a storage compare equal, as on CUDA.
+    data_ptr = _patches.checked("fsdp2 storage identity", torch.UntypedStorage, "data_ptr")
+
+    def tpu_data_ptr(self):
+        if self.device.type == "tpu":
+            return self._cdata if self.nbytes() else 0
+        return data_ptr(self)
+
+    _patches._replace(torch.UntypedStorage, "data_ptr", tpu_data_ptr)
+
+    # Resharding frees the unsharded parameters' storages (resize_(0)); a tpu storage cannot
+    # be resized in place, and the next all-gather writes every element again, so on tpu the
+    # buffers stay (as with reshard_after_forward=False: more memory, same results).
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    free_storage = _patches.checked("fsdp2 free storage", _fsdp_param, "free_storage", params=["tensor"],
+                                    reads=["untyped_storage", "resize_"])
+
+    def keep_tpu_storage(tensor):
+        if tensor.device.type != "tpu":
+            free_storage(tensor)
+
+    _patches._replace(_fsdp_param, "free_storage", keep_tpu_storage)
+
+    # FSDP2's copy-out ops write into their `out` tensors; tpu tensors are functionalized, so
+    # these ops get what functionalization needs: the same work in ATen ops, which it handles.
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives  # noqa: F401  (defines the ops)
+
+    global _fsdp_ops
+    _fsdp_ops = torch.library.Library("fsdp", "IMPL")
+    _fsdp_ops.impl("split_with_sizes_copy", _split_with_sizes_copy, "Functionalize")
+    _fsdp_ops.impl("chunk_cat", _chunk_cat, "Functionalize")
+
+
+def _split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):
+    torch.split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim=dim, out=out)
+
+
+def _chunk_cat(tensors, dim, num_chunks, *, out):
+    torch._chunk_cat(tensors, dim, num_chunks, out=out)
+
+
+_fsdp_ops = None  # the Library holding those kernels (alive as long as the process)
 
 
 def _has_tpu_backend(group) -> bool:
