@@ -208,3 +208,16 @@ def test_fsdp2_dtensor_tensor_parallel_checkpoints(tmp_path):
         assert value.device.type == "tpu"
         # The same float32 values the ranks held, bit for bit.
         assert torch.equal(value.cpu(), expected[name]), name
+
+
+def test_readme_example(tmp_path):
+    # README.md's "Distributed" example, as written there, under torchrun with 2 processes.
+    readme = open(os.path.join(REPO, "README.md")).read()
+    start = readme.index("```python\n# train.py: torchrun") + len("```python\n")
+    script = tmp_path / "train.py"
+    script.write_text(readme[start:readme.index("```", start)])
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TORCHTPU_PLATFORM="cpu")
+    result = run_killable([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script)], env, 300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "mean loss after 5 steps: " in result.stdout, result.stdout[-3000:]

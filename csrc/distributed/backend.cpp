@@ -256,6 +256,10 @@ class TpuBackend final : public c10d::Backend {
                                         value_of(reduced, device));
   }
 
+  // destroy_process_group(): this rank's pending collectives run first; another rank may be
+  // waiting for them (a rank that read a result flushed its graph, this one may not have).
+  void shutdown() override { Engine::get().sync(true); }
+
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return sequence_; }
 
