@@ -66,6 +66,23 @@ def check_functional_collectives(report, rank, world, group_name):
     report.equal("functional broadcast", got, everyone[1])
 
 
+def check_compiled_functional_collectives(report, rank, world, mesh):
+    import torch.distributed._functional_collectives as funcol
+
+    def step(x):
+        y = funcol.all_reduce(x * 2, "sum", mesh)
+        return funcol.all_gather_single(y + 1, 0, mesh).view(world, -1).sum(0) * 3
+
+    compiled = torch.compile(step, backend="tpu")
+    x = torch.arange(4.0) + rank
+    expected = (sum(torch.arange(4.0) + r for r in range(world)) * 2 + 1) * world * 3
+    report.equal("compiled functional collectives", compiled(x.to("tpu")), expected)
+    before = torchtpu.metrics.counters()["execute_count"]
+    report.equal("compiled functional collectives, again", compiled(x.to("tpu")), expected)
+    # The compiled graph, collectives and all, is one executable.
+    report.equal("executables per compiled call", torchtpu.metrics.counters()["execute_count"] - before, 1)
+
+
 def check_dtensor(report, rank, world, mesh):
     for dtype in (torch.float32, torch.int64):
         full = torch.arange(48).reshape(4, 12).to(dtype) * 3 - 7
@@ -140,6 +157,7 @@ def main():
     report = Report()
     report.run("functional collectives",
                lambda: check_functional_collectives(report, rank, world, mesh.get_group().group_name))
+    report.run("compiled functional collectives", lambda: check_compiled_functional_collectives(report, rank, world, mesh))
     report.run("dtensor", lambda: check_dtensor(report, rank, world, mesh))
     for mode in ("strict", "fused"):
         with torchtpu.mode(mode):
