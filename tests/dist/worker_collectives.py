@@ -1,5 +1,6 @@
 """Every collective of the tpu backend, exact for float32, bfloat16 and int64, in each eager
-mode, against the values computed on CPU from every rank's (deterministic) input."""
+mode, against the values computed on CPU from every rank's (deterministic) input; then
+collectives that differ across ranks (each rank's error is recorded in the report)."""
 import os
 import sys
 
@@ -121,6 +122,23 @@ def check_dtype(report, rank, world, dtype, tag):
     report.equal(f"{tag} scatter", x, data(10 + rank, dtype))
 
 
+def check_mismatches(report, rank):
+    """Ranks that all_reduce tensors of other shapes, then of other dtypes: each rank gets an
+    error naming every rank's call (recorded in report.values), and the group still works."""
+    for what, tensor in (("shape", torch.ones(4 + rank)),
+                         ("dtype", torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int64))):
+        x = tensor.to("tpu")
+        dist.all_reduce(x)
+        try:
+            x.cpu()
+            report.failures.append(f"{what} mismatch: no error")
+        except RuntimeError as error:
+            report.values[what] = str(error)
+    y = torch.full((3,), float(rank), device="tpu")
+    dist.all_reduce(y)
+    report.equal("all_reduce after the mismatches", y.cpu(), torch.full((3,), 1.0))
+
+
 def main():
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -132,6 +150,8 @@ def main():
                 tag = f"{mode} {dtype}"
                 report.run(tag, lambda: check_dtype(report, rank, world, dtype, tag))
                 torchtpu.sync(wait=True)
+    if not quick:
+        report.run("mismatches", lambda: check_mismatches(report, rank))
     # Objects travel as uint8 tpu tensors (the backend's device).
     objects = [None] * world
     dist.all_gather_object(objects, {"rank": rank})

@@ -5,7 +5,6 @@
       dies             rank 1 exits after the first all_reduce
       stuck            rank 1 skips the second all_reduce and sleeps
       unreachable      MASTER_ADDR (the coordinator's host) leads nowhere
-      mismatch         the ranks all_reduce tensors of other shapes, then of other dtypes
 
 Rank 0 records the error it got and how long it took; the idle ranks wait for rank 0's
 report (or their own timeout) and leave."""
@@ -55,23 +54,6 @@ def main():
         except RuntimeError as error:
             record(report, rank, start, error)
         os._exit(0)
-    if scenario == "mismatch":
-        dist.init_process_group(timeout=TIMEOUT)
-        for what, tensor in (("shape", torch.ones(4 + rank)), ("dtype", torch.ones(4, dtype=torch.float32 if rank == 0
-                                                                                    else torch.int64))):
-            x = tensor.to("tpu")
-            dist.all_reduce(x)
-            try:
-                x.cpu()
-                report.failures.append(f"{what} mismatch: no error")
-            except RuntimeError as error:
-                report.values[what] = str(error)
-        y = torch.full((3,), float(rank), device="tpu")  # the group still works afterwards
-        dist.all_reduce(y)
-        report.equal("all_reduce after the mismatches", y.cpu(), torch.full((3,), 1.0))
-        write(report, rank)
-        dist.destroy_process_group()
-        return
     if scenario == "absent_at_init" and rank == 1:
         wait_for_report()
         return
