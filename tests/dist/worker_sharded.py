@@ -112,10 +112,18 @@ def train_fsdp2(report, mode, rank, world, mesh, out_dir):
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
-    for x, y in batches(world):
+    for step, (x, y) in enumerate(batches(world)):
+        before = torchtpu.metrics.counters()
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x[mine].to("tpu")), y[mine].to("tpu")).backward()
         opt.step()
+        torchtpu.sync(wait=True)
+        after = torchtpu.metrics.counters()
+        if mode == "fused" and step >= 2:
+            # Steps 3-5: all-gathers, forward, backward, reduce-scatters and AdamW are one
+            # executable, and nothing comes back to the host.
+            report.equal(f"fused FSDP2 step {step + 1}: executables", after["execute_count"] - before["execute_count"], 1)
+            report.equal(f"fused FSDP2 step {step + 1}: bytes to host", after["bytes_to_host"] - before["bytes_to_host"], 0)
     expected = reference(world)
     for i, (p, want) in enumerate(zip(model.parameters(), expected)):
         report.equal(f"{mode} FSDP2 parameter {i} is sharded", list(p.placements), [Shard(0)])
