@@ -107,6 +107,7 @@ def _launch(nproc, size, timeout):
     env = dict(os.environ)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for 2 processes; the same for 1
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
                f"--master_port={port}", os.path.abspath(__file__), "--worker", out_dir, "--size", size]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)

@@ -135,7 +135,7 @@ def train_fsdp2(report, mode, rank, world, mesh, out_dir):
             torch.save(full, os.path.join(out_dir, "expected.pt"))
 
 
-def train_tensor_parallel(report, rank, world, mesh):
+def train_tensor_parallel(report, mode, world, mesh):
     # Every rank sees the whole batch; the two Linear layers are split column- then row-wise.
     model = parallelize_module(make_model().to("tpu"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -144,7 +144,7 @@ def train_tensor_parallel(report, rank, world, mesh):
         torch.nn.functional.cross_entropy(model(x.to("tpu")), y.to("tpu")).backward()
         opt.step()
     for i, (p, want) in enumerate(zip(model.parameters(), reference(world))):
-        report.close(f"tensor parallel parameter {i}", p.full_tensor(), want, atol=1e-5)
+        report.close(f"{mode} tensor parallel parameter {i}", p.full_tensor(), want, atol=1e-5)  # float32 AdamW
 
 
 def load_single_process_checkpoint(report, mesh, out_dir):
@@ -171,7 +171,9 @@ def main():
         with torchtpu.mode(mode):
             report.run(f"{mode} FSDP2", lambda: train_fsdp2(report, mode, rank, world, mesh, out_dir))
     report.run("load a 1-process checkpoint", lambda: load_single_process_checkpoint(report, mesh, out_dir))
-    report.run("tensor parallel", lambda: train_tensor_parallel(report, rank, world, mesh))
+    for mode in ("strict", "fused"):
+        with torchtpu.mode(mode):
+            report.run(f"{mode} tensor parallel", lambda: train_tensor_parallel(report, mode, world, mesh))
     write(report, rank)
     dist.destroy_process_group()
 
