@@ -10,6 +10,7 @@ the c10d store), so the runtime's client sees every process's device; collective
 StableHLO collectives over those devices (csrc/distributed, csrc/lowering/collective.cpp),
 carried by gloo on CPU, NCCL on GPU and the ICI on TPU.
 """
+import atexit
 import datetime
 import functools
 import os
@@ -67,11 +68,22 @@ def _join_job(store, rank: int, world_size: int, timeout_s: float) -> None:
             raise RuntimeError(f"torchtpu: rank(s) {', '.join(map(str, absent))} did not reach "
                                f"init_process_group() within {timeout_s:.0f} s. {error}") from None
         raise
+    if joined:
+        atexit.register(_run_pending_collectives)
     if not joined:
         raise RuntimeError(
             "torchtpu: tpu tensors were used before torch.distributed.init_process_group(), so this process's "
             "tpu runtime cannot join the job any more. Call init_process_group() before creating tpu tensors "
             "or models (under torchrun, each process then drives tpu:LOCAL_RANK).")
+
+
+def _run_pending_collectives() -> None:
+    """At exit: collectives this rank issued but never needed the results of still run (the
+    other ranks wait for them), for scripts that end without destroy_process_group()."""
+    try:
+        _C.sync(True)
+    except RuntimeError:
+        pass  # a peer is gone: the ranks that still wait report it
 
 
 def _absent_ranks(store, world_size: int) -> list:
