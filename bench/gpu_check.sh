@@ -100,23 +100,30 @@ fi
 BENCH=("$PY" bench/run.py --size "$SIZE" --warmup 2 --repeats 5 --child-timeout 120 ${EXTRA_ARGS:-})
 
 stage "bench: GPT-2 124M bf16, all variants"
-timeout "$(limit 200)" "${BENCH[@]}" --models gpt --skip firststep,scaling,input --tag gpt
+timeout "$(limit 200)" "${BENCH[@]}" --models gpt --skip firststep,scaling,input,distributed --tag gpt
 record bench-gpt $?
 
 stage "bench: ResNet-50, all variants"
-timeout "$(limit 150)" "${BENCH[@]}" --models resnet --skip firststep,scaling,perop,input --tag resnet
+timeout "$(limit 150)" "${BENCH[@]}" --models resnet --skip firststep,scaling,perop,input,distributed --tag resnet
 record bench-resnet $?
 
 stage "bench: first step cold / warm cache (GPT fused)"
-timeout "$(limit 100)" "${BENCH[@]}" --models gpt --skip main,scaling,perop,input --firststep gpt:tpu-fused --tag firststep
+timeout "$(limit 100)" "${BENCH[@]}" --models gpt --skip main,scaling,perop,input,distributed --firststep gpt:tpu-fused --tag firststep
 record bench-firststep $?
 
 stage "bench: input pipeline, prefetch vs none"
-timeout "$(limit 90)" "${BENCH[@]}" --models gpt --skip main,firststep,scaling,perop --tag input
+timeout "$(limit 90)" "${BENCH[@]}" --models gpt --skip main,firststep,scaling,perop,distributed --tag input
 record bench-input $?
+
+# DDP/FSDP2 under torchrun needs one GPU per process (2 processes vs 1).
+if (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
+  stage "bench: distributed (torchrun, 2 processes vs 1)"
+  timeout "$(limit 150)" "$PY" bench/distributed.py --size "$SIZE"
+  record bench-distributed $?
+fi
 
 if (( DEADLINE_S - $(elapsed) > 60 )); then
   stage "bench: LM scaling (fused), with what time is left"
-  timeout "$(limit 200)" "${BENCH[@]}" --models gpt --variants tpu-fused --skip main,firststep,perop,input --tag scaling
+  timeout "$(limit 200)" "${BENCH[@]}" --models gpt --variants tpu-fused --skip main,firststep,perop,input,distributed --tag scaling
   record bench-scaling $?
 fi

@@ -22,6 +22,8 @@ Besides the table it measures
     fused-mode tracing cost per op,
   * input pipeline: large images through a small CNN, uploading in the loop vs
     torchtpu.data.DeviceLoader(prefetch=2) (bench/input_pipeline.py; runs alone too),
+  * distributed: DDP and FSDP2 steps under torchrun, 2 processes vs 1 (executables and
+    host bytes per step; bench/distributed.py, runs alone too),
 and prints every ratio against its target (pass/miss).
 
 Writes bench/results/<platform>.json, .md and .png.
@@ -60,6 +62,7 @@ if _HERE not in sys.path:
 import torch  # noqa: E402
 
 from common import RESULTS_DIR, markdown_table, results_path, write_results  # noqa: E402
+from distributed import distributed_table, run_distributed  # noqa: E402
 from input_pipeline import input_table, run_input  # noqa: E402
 from models import (GPT, GPTConfig, ResNet, ResNetConfig, count_params, make_image_batch,  # noqa: E402
                     make_lm_batch, make_optimizer, train_step)
@@ -67,7 +70,7 @@ from models import (GPT, GPTConfig, ResNet, ResNetConfig, count_params, make_ima
 ALL_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile", "eager", "inductor", "jax")
 TPU_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile")
 ALL_MODELS = ("gpt", "resnet")
-ALL_SECTIONS = ("main", "firststep", "scaling", "perop", "input")
+ALL_SECTIONS = ("main", "firststep", "scaling", "perop", "input", "distributed")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -742,7 +745,8 @@ def versions(torchtpu):
     return v
 
 
-def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final, input_pipeline=None):
+def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final, input_pipeline=None,
+         distributed=None):
     """Builds the report; prints it when final; writes the .json/.md (and .png when final).
     Called after every variant too, so a run killed by a timeout keeps what it measured."""
     if True:
@@ -773,6 +777,8 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
             sections += ["## Per-op overhead\n", perop_table(perop), ""]
         if input_pipeline:
             sections += ["## Input pipeline: prefetch vs none\n", input_table(input_pipeline), ""]
+        if distributed:
+            sections += ["## Distributed: torchrun, 2 processes vs 1\n", distributed_table(distributed), ""]
         errors = [r for r in results if r.get("error")]
         if errors:
             sections += ["## Errors\n"] + [f"- {r['model']} {r['variant']}: `{r['error']}`" for r in errors] + [""]
@@ -786,7 +792,7 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
             header = (f"# torchtpu benchmarks: platform {platform}, size {size}\n\n"
                       f"{time.strftime('%Y-%m-%d %H:%M')}; " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n")
             payload = dict(results=results, targets=trows, first_steps=first_steps, scaling=scaling,
-                           perop=perop, input_pipeline=input_pipeline, loss_check=loss_check)
+                           perop=perop, input_pipeline=input_pipeline, distributed=distributed, loss_check=loss_check)
             name = f"{platform}-{args.tag}" if args.tag else platform
             jpath = write_results(name, [payload], meta=meta)
             base = os.path.splitext(results_path(name))[0]
@@ -837,11 +843,12 @@ def main(argv=None):
         if m not in ALL_MODELS:
             ap.error(f"unknown model {m!r}")
 
-    need_tpu = any(v in TPU_VARIANTS for v in variants) or not {"firststep", "scaling", "perop", "input"} <= skip
+    need_tpu = any(v in TPU_VARIANTS for v in variants) or not {"firststep", "scaling", "perop", "input",
+                                                                 "distributed"} <= skip
     torchtpu = load_torchtpu() if need_tpu else None
     if torchtpu is None:
         variants = [v for v in variants if v not in TPU_VARIANTS]
-        skip |= {"firststep", "scaling", "input"}
+        skip |= {"firststep", "scaling", "input", "distributed"}
     if torchtpu is not None:
         platform = torchtpu.platform()
     elif "jax" in variants:
@@ -859,7 +866,7 @@ def main(argv=None):
                                                       if k in ("torch", "jax", "jaxlib", "gpu")))
 
     setups = model_setups(size, args.batch)
-    results, first_steps, scaling, perop, input_pipeline = [], [], [], None, None
+    results, first_steps, scaling, perop, input_pipeline, distributed = [], [], [], None, None, None
     if "main" not in skip:
         print("\n== training steps, side by side ==")
         results = run_main(models, variants, setups, args, torchtpu,
@@ -877,6 +884,12 @@ def main(argv=None):
             input_pipeline = run_input(torchtpu, size)
         except Exception as exc:
             print("input pipeline benchmark FAILED:", exc)
+    if "distributed" not in skip:
+        print("\n== distributed: torchrun, 2 processes vs 1 ==")
+        try:
+            distributed = run_distributed(size, timeout=args.child_timeout * 2)
+        except Exception as exc:
+            print("distributed benchmark FAILED:", exc)
     if "scaling" not in skip and "gpt" in setups:
         print("\n== LM scaling (fused) ==")
         scaling = run_scaling(setups, args, torchtpu, results)
@@ -886,7 +899,7 @@ def main(argv=None):
         first_steps = run_first_steps(specs, args)
 
     emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final=True,
-         input_pipeline=input_pipeline)
+         input_pipeline=input_pipeline, distributed=distributed)
     if _OWN_CACHE:
         import shutil
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)

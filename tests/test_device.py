@@ -217,7 +217,8 @@ def test_unknown_platform_is_a_value_error():
 def test_absent_platform_is_a_runtime_error():
     if torchtpu.platform() == "tpu":
         pytest.skip("this machine has a TPU")
-    result = run_python("import torchtpu", TORCHTPU_PLATFORM="tpu")
+    # The runtime starts at the first tpu use (torch.distributed may need to join a job first).
+    result = run_python("import torch; torch.ones(1, device='tpu')", TORCHTPU_PLATFORM="tpu")
     assert result.returncode != 0
     assert "RuntimeError" in result.stderr and "'tpu' was requested" in result.stderr
 

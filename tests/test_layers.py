@@ -19,10 +19,12 @@ BELOW = {
     "lowering": {"stablehlo", "ir", "base"},
     "engine": {"lowering", "stablehlo", "ir", "runtime", "base"},
     "device": {"engine", "lowering", "stablehlo", "ir", "runtime", "base"},
-    "python": {"device", "engine", "lowering", "stablehlo", "ir", "runtime", "base"},
+    # torch.distributed's "tpu" c10d backend: records collectives on device tensors.
+    "distributed": {"device", "engine", "lowering", "stablehlo", "ir", "runtime", "base"},
+    "python": {"distributed", "device", "engine", "lowering", "stablehlo", "ir", "runtime", "base"},
 }
-# Folders that speak torch and Python (the PyTorch device and the extension module).
-TORCH_FOLDERS = {"device", "python"}
+# Folders that speak torch and Python (the PyTorch device, its c10d backend, the extension module).
+TORCH_FOLDERS = {"device", "distributed", "python"}
 # Files outside those folders allowed to use Python: the one file that calls jaxlib (through
 # pybind11) and reads DLPack tensors (the DLPack header ships inside torch as ATen/dlpack.h).
 TORCH_FILES = {

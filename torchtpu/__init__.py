@@ -27,7 +27,10 @@ def _initialize():
     settings = _settings.read()  # every other setting, checked before anything starts
     from torchtpu import _C
 
-    _C.init(settings.platform, settings.num_devices)
+    local_rank, local_world_size = _process_layout()
+    # The runtime (jaxlib's client) starts at the first tpu use, so that a torchrun process
+    # can join the job's distributed runtime first (torchtpu.distributed).
+    _C.configure(settings.platform, settings.num_devices, local_rank, local_world_size)
     _C.set_fallback_policy(settings.fallback)
     _C.set_cache_dir(settings.cache_dir)
     _C.set_dump_dir(settings.dump_dir)
@@ -52,9 +55,26 @@ def _initialize():
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False
     )
-    __import__("torchtpu.integrations", fromlist=["_"]).install()  # library adapters on import
+    __import__("torchtpu.integrations", fromlist=["_"]).install()  # torch fixes; library adapters on import
+    __import__("torchtpu.distributed", fromlist=["_"]).install()  # torch.distributed's "tpu" backend
     # torch.compile(backend="tpu") finds torchtpu.compiler through the torch_dynamo_backends
     # entry point (pyproject.toml): nothing to register here, and Dynamo stays unimported.
+
+
+def _process_layout():
+    """(LOCAL_RANK, LOCAL_WORLD_SIZE) in a multi-process torchrun job, else (0, 0).
+
+    One process per device: the node's devices are tpu:0..LOCAL_WORLD_SIZE-1 and this
+    process drives tpu:LOCAL_RANK, which is also its current device."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ["LOCAL_RANK"])
+        local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return 0, 0
+    if world <= 1 or not 0 <= local_rank < local_world:
+        return 0, 0
+    return local_rank, local_world
 
 
 try:

@@ -23,7 +23,10 @@ _PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, the type torch.Stream/torch.E
 
 
 def is_available() -> bool:
-    return _C.initialized() and _C.device_count() > 0
+    try:
+        return _C.device_count() > 0
+    except RuntimeError:
+        return False
 
 
 def is_initialized() -> bool:

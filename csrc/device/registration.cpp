@@ -208,7 +208,7 @@ const at::Generator& default_generator(int device) {
       generators.back().set_current_seed(c10::default_rng_seed_val);
     }
   });
-  check_device_index(device);
+  check_device_range(device);
   return generators[device];
 }
 

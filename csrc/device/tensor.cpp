@@ -20,7 +20,7 @@ c10::Storage empty_storage(const TensorType& type, c10::Device device) {
                       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
-thread_local int g_current_device = 0;
+thread_local int g_current_device = -1;  // -1: the process default
 
 }  // namespace
 
@@ -213,7 +213,12 @@ void store_value(const at::Tensor& dst, const ValuePtr& value) {
   auto* impl = dynamic_cast<TpuTensorImpl*>(inner.unsafeGetTensorImpl());
   TORCH_CHECK(impl, "torchtpu: an op wrote into a tensor that is not on tpu");
   impl->set_value(convert_value(value, to_dtype(dst.scalar_type())));
-  if (at::functionalization::impl::isFunctionalTensor(dst)) at::functionalization::impl::replace_(dst, inner);
+  if (at::functionalization::impl::isFunctionalTensor(dst)) {
+    at::functionalization::impl::replace_(dst, inner);
+    // A view (a slice passed to a collective, DDP's bucket views) writes through to its
+    // base, as an in-place op on it would.
+    at::functionalization::impl::commit_update(dst);
+  }
 }
 
 at::Tensor wrap_for_user(const at::Tensor& raw) {
@@ -345,11 +350,14 @@ ValuePtr zeros_value(const TensorType& type, int device) {
   return Engine::get().record(op, {}, {}, {type}, device)[0];
 }
 
-int current_device() { return g_current_device; }
+int current_device() {
+  // Under torchrun a thread starts on this process's own device (tpu:LOCAL_RANK).
+  return g_current_device >= 0 ? g_current_device : process_layout().local_rank;
+}
 
-int device_count() { return runtime_initialized() ? runtime_device_count() : 1; }
+int device_count() { return configured_device_count(); }
 
-void check_device_index(int64_t index) {
+void check_device_range(int64_t index) {
   int count = device_count();
   if (index < 0 || index >= count) {
     TORCH_CHECK(false, "tpu error: invalid device ordinal ", index, " (torchtpu sees ", count,
@@ -358,8 +366,20 @@ void check_device_index(int64_t index) {
   }
 }
 
+void check_device_index(int64_t index) {
+  check_device_range(index);
+  if (!device_addressable(static_cast<int>(index))) {
+    int mine = process_layout().local_rank;
+    TORCH_CHECK(false, "tpu error: tpu:", index, " belongs to another process of this torchrun job; each process "
+                "drives only its own device, tpu:LOCAL_RANK (here tpu:", mine, "). Use "
+                "torch.device(\"tpu\", int(os.environ[\"LOCAL_RANK\"])) or plain \"tpu\"");
+  }
+}
+
 void set_current_device(int index) {
-  check_device_index(index);
+  // Any device of the node may be current (autograd's worker threads visit each), but only
+  // this process's own device can hold tensors (check_device_index).
+  check_device_range(index);
   g_current_device = index;
 }
 

@@ -78,6 +78,9 @@ ValuePtr zeros_value(const TensorType& type, int device);
 int current_device();
 void set_current_device(int index);
 int device_count();
+// A device this process can use (in a torchrun job, only tpu:LOCAL_RANK).
 void check_device_index(int64_t index);
+// Any device index of the node (setting the current device, seeding generators).
+void check_device_range(int64_t index);
 
 }  // namespace torchtpu

@@ -1,6 +1,7 @@
 // Engine: pending graph, flush policy, graph building, executable caches, metrics.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -104,6 +105,9 @@ std::string out_of_memory_message(int64_t bytes, const std::string& what, int de
          "so that fewer results are computed at once.";
 }
 
+bool is_collective(OpKind op);
+std::vector<int64_t> replica_devices_of(const Engine::Graph& g);
+
 }  // namespace
 
 void Engine::set_mode(Mode mode) {
@@ -180,6 +184,8 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
   EngineLock lock;
   metrics_.ops_traced++;
   Mode mode = mode_.load();
+  bool collective = is_collective(op);
+  if (collective && mode == Mode::Fused) prepare_collective(args.back().ints, device);
   if (mode != Mode::Fused) {
     for (const ValuePtr& v : operands)
       if (v->pending()) flush_locked(v->device, FlushReason::Observation);
@@ -216,6 +222,7 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
   if (mode == Mode::Fused) {
     if (pending_ops_ == 0 && hooks_.python_origin) pending_origin_ = hooks_.python_origin();
     for (const ValuePtr& v : results) pending_.push_back(v);
+    if (collective) pending_collectives_.insert(pending_collectives_.end(), results.begin(), results.end());
     if (++pending_ops_ >= max_pending_ops_) flush_locked(device, FlushReason::SizeLimit);
     return results;
   }
@@ -280,6 +287,7 @@ BufferPtr Engine::materialize(const ValuePtr& value) {
   EngineLock lock;
   compute(value);
   if (value->padded_only()) compute_unpadded(value);
+  run_checks_locked();
   if (!value->buffer) throw std::logic_error("torchtpu: a tensor was not computed by its graph");
   return value->buffer;
 }
@@ -295,6 +303,29 @@ void Engine::sync(bool wait, FlushReason reason) {
     last_results_.clear();
     checks_.raise_failed(runtime(), -1, /*wait=*/true);
   }
+  run_checks_locked();
+}
+
+void Engine::add_check(ValuePtr value, std::function<std::string(const std::vector<int64_t>&)> verify) {
+  EngineLock lock;
+  host_checks_.push_back(HostCheck{std::move(value), std::move(verify)});
+}
+
+// Reads the computed check values (a few bytes each; not counted as transfers of user data).
+void Engine::run_checks_locked() {
+  if (host_checks_.empty()) return;
+  std::vector<HostCheck> keep;
+  std::string errors;
+  for (HostCheck& check : host_checks_) {
+    if (check.value->pending() || !check.value->buffer) {
+      keep.push_back(std::move(check));
+      continue;
+    }
+    std::string message = check.verify(runtime().read_int64(*check.value->buffer));
+    if (!message.empty() && errors.empty()) errors = message;
+  }
+  host_checks_.swap(keep);
+  if (!errors.empty()) throw std::runtime_error(errors);
 }
 
 void Engine::raise_failed_checks(int device) {
@@ -319,6 +350,7 @@ void Engine::flush_locked(int device, FlushReason reason) {
     // Held by something besides pending nodes (a tensor, autograd): the user can see it.
     if (v.use_count() - 1 > v->node_uses.load()) graph.roots.push_back(v);
   }
+  take_pending_collectives(device, graph.roots);
   if (!graph.roots.empty()) {
     collect_nodes(&graph, graph.roots);
     if (some_node_failed_) drop_failed_roots(graph);
@@ -373,6 +405,46 @@ bool Engine::drop_failed_roots(Graph& g) {
   return true;
 }
 
+void Engine::prepare_collective(const std::vector<int64_t>& replica_devices, int device) {
+  auto it = pending_replicas_.find(device);
+  if (it != pending_replicas_.end() && it->second != replica_devices) flush_locked(device, FlushReason::Sync);  // another process group's collectives
+  pending_replicas_[device] = replica_devices;
+}
+
+void Engine::take_pending_collectives(int device, std::vector<ValuePtr>& roots) {
+  pending_replicas_.erase(device);
+  std::unordered_set<const Value*> present;
+  for (const ValuePtr& r : roots) present.insert(r.get());
+  std::vector<ValuePtr> keep;
+  for (ValuePtr& v : pending_collectives_) {
+    if (v->device != device) keep.push_back(std::move(v));
+    else if (v->pending() && present.insert(v.get()).second) roots.push_back(std::move(v));
+  }
+  pending_collectives_.swap(keep);
+}
+
+namespace {
+
+bool is_collective(OpKind op) {
+  const LoweringRule* rule = find_lowering(op);
+  return rule && rule->collective;
+}
+
+// The replica set of a graph's collectives (empty when it has none).
+std::vector<int64_t> replica_devices_of(const Engine::Graph& g) {
+  std::vector<int64_t> replicas;
+  for (const Node* node : g.nodes) {
+    if (!is_collective(node->op)) continue;
+    const std::vector<int64_t>& mine = node->args.back().ints;
+    if (!replicas.empty() && replicas != mine)
+      throw std::logic_error("torchtpu: one graph holds collectives of two process groups");
+    replicas = mine;
+  }
+  return replicas;
+}
+
+}  // namespace
+
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
   std::vector<std::pair<Node*, size_t>> stack;
   std::unordered_set<const Node*> visiting;
@@ -408,6 +480,25 @@ void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
       g->nodes.push_back(node);
       stack.pop_back();
     }
+  }
+}
+
+// A graph with collectives that fails says which ranks are at fault.
+std::vector<BufferPtr> Engine::launch_graph(Executable& exe, const std::vector<BufferPtr>& args,
+                                            const std::vector<TensorType>& result_types, const Graph& g) {
+  if (g.replica_devices.empty()) return launch(exe, args, result_types, g.device, g.hash, g.check_entries);
+  int64_t collectives = 0;
+  for (const Node* node : g.nodes) collectives += is_collective(node->op) ? 1 : 0;
+  int64_t& done = collectives_run_[g.replica_devices];
+  int64_t first = done + 1;
+  done += collectives;
+  try {
+    return launch(exe, args, result_types, g.device, g.hash, g.check_entries);
+  } catch (const DeviceOutOfMemory&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string(e.what()) +
+                             runtime().describe_collective_failure(g.replica_devices, first, done));
   }
 }
 
@@ -538,6 +629,7 @@ void Engine::run_graph(Graph& g) {
   // Nothing changes until the launch has succeeded: a failure leaves the graph pending.
   try {
     g.stage = Stage::Lowering;  // find_or_compile moves it on
+    g.replica_devices = replica_devices_of(g);
     plan_donation(g);
     lift_scalars(g);
     hash_graph(g);
@@ -545,8 +637,10 @@ void Engine::run_graph(Graph& g) {
     std::rethrow_exception(explain_failure(g, g.stage, std::current_exception()));
   }
   // Run padded to a bucket: the padded graph goes through run_graph, which explains its own
-  // failures (this graph's values stay pending).
-  if (g.bucketable && run_bucketed(g)) return;
+  // failures (this graph's values stay pending). Collectives run at their exact sizes:
+  // padding would change what all_gather, all_to_all and reduce_scatter exchange (and the
+  // ranks' padded programs could differ).
+  if (g.bucketable && g.replica_devices.empty() && run_bucketed(g)) return;
   try {
     if (unpad_params(g)) {  // values computed padded by an earlier graph: sliced in this one
       plan_donation(g);
@@ -574,7 +668,7 @@ void Engine::run_graph(Graph& g) {
     std::vector<TensorType> result_types;
     result_types.reserve(g.roots.size());
     for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
-    results = launch(*compiled->executable, args, result_types, g.device, g.hash, g.check_entries);
+    results = launch_graph(*compiled->executable, args, result_types, g);
   } catch (...) {
     std::rethrow_exception(explain_failure(g, g.stage, std::current_exception()));
   }
@@ -607,6 +701,7 @@ Engine::CompiledPtr Engine::compile_graph(Graph& g) {
   Runtime& rt = runtime();
   CompileOptions options;
   options.device = g.device;
+  options.replica_devices = g.replica_devices;
   // Executables are bound to their device: the options (device assignment) are in the key.
   CacheKey key = make_cache_key(text, rt.version(), rt.platform(), options.describe());
   if ((compiled->executable = load_from_disk(g, key))) {
@@ -752,6 +847,8 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
   for (const ValuePtr& root : g.roots)
     results.push_back(root->pending() ? node_results[g.node_index.at(root->node.get())][root->output_index]
                                       : param_values[g.param_index.at(root.get())]);
+  if (!g.replica_devices.empty())
+    module.set_attribute("mhlo.num_replicas", std::to_string(g.replica_devices.size()) + " : i32");
   if (g.roots.empty())  // nodes compiled side by side (compiles_alone): all their results
     for (const auto& outputs : node_results) results.insert(results.end(), outputs.begin(), outputs.end());
   if (checks && !ctx.checks().empty()) {  // export passes none: a module returns only its roots
@@ -782,6 +879,7 @@ ExecutablePtr Engine::load_from_disk(Graph& g, const CacheKey& key) {
   try {
     CompileOptions options;
     options.device = g.device;
+    options.replica_devices = g.replica_devices;
     ExecutablePtr exe = runtime().deserialize(*bytes, options);
     metrics_.cache_hits_disk++;
     return exe;
@@ -834,6 +932,7 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
       graph.roots.push_back(v);
     }
   }
+  take_pending_collectives(device, graph.roots);
   CaptureRun run;
   for (const ValuePtr& r : graph.roots) run.result_types.push_back(r->type);
   if (graph.roots.empty()) return run;

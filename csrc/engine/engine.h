@@ -85,6 +85,11 @@ class Engine {
   // as a download, just ended).
   void raise_failed_checks(int device);
   int64_t pending_ops() const { return pending_ops_; }
+  // A value that must pass a test on the host (the descriptors a collective gathered to
+  // check that every rank issued the same one): `verify` gets its int64 contents and returns
+  // "" or an error message. Checked when the host next waits for results (materialize,
+  // sync(wait)); a failure raises there.
+  void add_check(ValuePtr value, std::function<std::string(const std::vector<int64_t>&)> verify);
 
   Metrics& metrics() { return metrics_; }
   void reset_metrics();
@@ -171,10 +176,17 @@ class Engine {
   std::string lower_graph(const Graph& graph, std::vector<std::string>* signature, std::vector<CheckSpec>* checks);
   void dump_module(const Graph& graph, const std::string& text);
   ExecutablePtr load_from_disk(Graph& graph, const CacheKey& key);
+  std::vector<BufferPtr> launch_graph(Executable& exe, const std::vector<BufferPtr>& args,
+                                      const std::vector<TensorType>& result_types, const Graph& g);
   void note_recompilation(const Graph& graph, std::vector<std::string> signature);
   DType scalar_float_dtype();
 
   void flush_locked(int device, FlushReason reason);
+  void run_checks_locked();
+  // Collectives (fused mode): a pending graph holds collectives of one replica set only, and
+  // a collective always runs, even when nothing holds its result (the other ranks wait for it).
+  void prepare_collective(const std::vector<int64_t>& replica_devices, int device);
+  void take_pending_collectives(int device, std::vector<ValuePtr>& roots);
 
   // Shape buckets (buckets.cpp): a flush that only differs in sizes from an earlier one runs
   // padded; values computed padded are sliced when an exact graph or the user reads them.
@@ -216,6 +228,14 @@ class Engine {
   std::atomic<Mode> mode_{Mode::Fused};
   std::recursive_mutex mutex_;
   std::vector<std::weak_ptr<Value>> pending_;
+  std::map<int, std::vector<int64_t>> pending_replicas_;  // per device: replica set of its pending collectives
+  std::map<std::vector<int64_t>, int64_t> collectives_run_;  // per replica set: collectives launched so far
+  std::vector<ValuePtr> pending_collectives_;
+  struct HostCheck {  // add_check's (collective descriptors); checks_ holds the graphs' own flags
+    ValuePtr value;
+    std::function<std::string(const std::vector<int64_t>&)> verify;
+  };
+  std::vector<HostCheck> host_checks_;
   int64_t pending_ops_ = 0;
   std::string pending_origin_;
   int64_t max_pending_ops_ = 10000;

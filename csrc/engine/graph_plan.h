@@ -28,6 +28,7 @@ struct Engine::Graph {
   bool donate = true;       // false for captured graphs (their parameters belong to the caller)
   bool bucketable = false;  // a fused flush: may run padded to a bucket of its sizes (buckets.cpp)
   Stage stage = Stage::Lowering;  // how far running it got (a failure is explained by it)
+  std::vector<int64_t> replica_devices;  // set when the graph holds collectives
 };
 
 // Orders the pending nodes reachable from the roots (operands first), without recursion;

@@ -41,6 +41,7 @@ RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data,
 RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data, RuleFlags flags) {
   LoweringRule rule{OpKind::intern(op), fn, data, flags.static_scalars, flags.random};
   rule.complex = flags.complex;
+  rule.collective = flags.collective;
   add_rule(rule);
 }
 

@@ -21,6 +21,9 @@ struct LoweringRule {
   // Takes complex operands or gives complex results. A rule without it never sees a complex
   // tensor: such calls run through the CPU fallback, which computes them (or raises CPU's error).
   bool complex = false;
+  // A collective across processes: its last arg lists the global device ids of its replicas
+  // (lowering/collective.cpp); a graph holding one is compiled for those replicas.
+  bool collective = false;
 };
 
 // A rule's properties, declared at registration:
@@ -29,6 +32,7 @@ struct RuleFlags {
   bool static_scalars = false;
   bool random = false;
   bool complex = false;
+  bool collective = false;
 };
 // Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, "exp", kTakesComplex);
 inline constexpr RuleFlags kTakesComplex{.complex = true};

@@ -15,6 +15,7 @@
 #include "device/snapshot.h"
 #include "device/profiler.h"
 #include "device/tensor.h"
+#include "distributed/backend.h"
 #include "engine/engine.h"
 #include "lowering/registry.h"
 #include "lowering/stablehlo_call.h"
@@ -128,11 +129,34 @@ PYBIND11_MODULE(_C, m) {
   Engine::get().hooks().without_gil = without_gil;
   init_buckets(m);
 
-  m.def("init", [](const std::string& platform, int cpu_devices) { init_runtime(platform, cpu_devices); },
-        py::arg("platform"), py::arg("cpu_devices") = 1);
+  m.def("configure", [](const std::string& platform, int cpu_devices, int local_rank, int local_world_size) {
+    configure_runtime(platform, cpu_devices, ProcessLayout{local_rank, local_world_size});
+  }, py::arg("platform"), py::arg("cpu_devices") = 1, py::arg("local_rank") = 0, py::arg("local_world_size") = 0);
   m.def("initialized", &runtime_initialized);
   m.def("in_bad_fork", &runtime_forked);
   m.def("check_not_forked", &check_not_forked);
+  m.def("start", [] { runtime(); });
+
+  // ---- torch.distributed (torchtpu/distributed.py, csrc/distributed) ----------------------
+  register_c10d_functionalization();
+  m.def("join_distributed", [](const std::string& address, int num_processes, int process_id, int init_timeout_s,
+                               int heartbeat_timeout_s) {
+    try {
+      join_distributed(DistributedOptions{address, num_processes, process_id, init_timeout_s, heartbeat_timeout_s});
+    } catch (const RuntimeAlreadyStarted&) {
+      return false;
+    }
+    return true;
+  });
+  m.def("distributed_joined", &distributed_joined);
+  m.def("set_collective_checks", &set_collective_checks);
+  m.def("process_index", [] { return runtime().process_index(); });
+  m.def("create_backend", [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                             std::vector<int64_t> global_ranks, double timeout_s) {
+    return make_tpu_backend(store, rank, size, std::move(global_ranks),
+                            std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  });
+  // ---- end of torch.distributed block -------------------------------------------------------
   m.def("platform", [] { return runtime().platform(); });
   m.def("runtime_version", [] { return runtime().version(); });
   m.def("device_count", [] { return device_count(); });

@@ -4,12 +4,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <map>
-
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <thread>
 
 #include <unistd.h>
 
@@ -95,10 +96,11 @@ DLDataType dlpack_dtype(DType dtype) {
 
 class JaxlibRuntime final : public Runtime {
  public:
-  JaxlibRuntime(py::object client, std::string platform) : client_(std::move(client)), platform_(std::move(platform)) {
+  JaxlibRuntime(py::object client, std::string platform, const ProcessLayout& layout)
+      : client_(std::move(client)), platform_(std::move(platform)) {
     xla_client_ = py::module_::import("jax._src.lib").attr("xla_client");
     jax_module_ = py::module_::import("jax._src.lib").attr("_jax");
-    devices_ = client_.attr("local_devices")().cast<py::list>();
+    devices_ = node_local_devices(client_.attr("local_devices")().cast<py::list>(), layout);
     py::object version = py::module_::import("jaxlib.version").attr("__version__");
     version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
                client_.attr("platform_version").cast<std::string>();
@@ -127,7 +129,7 @@ class JaxlibRuntime final : public Runtime {
     py::gil_scoped_acquire gil;
     try {
       py::list devices;
-      devices.append(devices_[options.device]);
+      devices.append(local_device(options.device));
       py::object exe =
           client_.attr("compile_and_load")(py::bytes(module_text), devices, compile_options(options));
       return std::make_shared<JaxExecutable>(std::move(exe));
@@ -167,12 +169,12 @@ class JaxlibRuntime final : public Runtime {
       }
     });
     try {
-      if (device < 0 || device >= static_cast<int>(devices_.size())) throw std::logic_error("torchtpu: bad device index " + std::to_string(device) + " of " + std::to_string(devices_.size()));
+      py::object target = local_device(device);
       if (platform_ != "cpu") {
         py::object staged = jax_module_.attr("dlpack_managed_tensor_to_buffer")(capsule, host_device_, py::none());
-        return std::make_shared<JaxBuffer>(device_put_(staged, devices_[device]), type, device);
+        return std::make_shared<JaxBuffer>(device_put_(staged, target), type, device);
       }
-      py::object array = jax_module_.attr("dlpack_managed_tensor_to_buffer")(capsule, devices_[device], py::none());
+      py::object array = jax_module_.attr("dlpack_managed_tensor_to_buffer")(capsule, target, py::none());
       return std::make_shared<JaxBuffer>(std::move(array), type, device);
     } catch (py::error_already_set& e) {
       rethrow("copying a tensor to the device", e);
@@ -297,7 +299,7 @@ class JaxlibRuntime final : public Runtime {
     py::gil_scoped_acquire gil;
     try {
       py::list devices;
-      devices.append(devices_[options.device]);
+      devices.append(local_device(options.device));
       py::object device_list = jax_module_.attr("DeviceList")(py::tuple(devices));
       py::object exe =
           client_.attr("deserialize_executable")(py::bytes(bytes), device_list, compile_options(options));
@@ -330,21 +332,92 @@ class JaxlibRuntime final : public Runtime {
     }
   }
 
+  std::vector<int64_t> read_int64(const DeviceBuffer& buffer) override {
+    if (buffer.type.dtype != DType::Int64) throw std::logic_error("torchtpu: read_int64 of a non-int64 buffer");
+    DLManagedTensor* host = download(buffer);
+    const auto* data = static_cast<const int64_t*>(host->dl_tensor.data) + host->dl_tensor.byte_offset / 8;
+    std::vector<int64_t> contents(data, data + buffer.type.numel());
+    if (host->deleter) {
+      py::gil_scoped_acquire gil;  // the deleter may release a Python object
+      host->deleter(host);
+    }
+    return contents;
+  }
+
+  int process_index() const override {
+    py::gil_scoped_acquire gil;
+    return client_.attr("process_index")().cast<int>();
+  }
+
+  int64_t device_id(int device) const override {
+    py::gil_scoped_acquire gil;
+    return local_device(device).attr("id").cast<int64_t>();
+  }
+
+  std::vector<int64_t> process_device_ids() const override {
+    py::gil_scoped_acquire gil;
+    std::vector<std::pair<int, int64_t>> by_process;
+    for (py::handle d : client_.attr("devices")())
+      by_process.emplace_back(d.attr("process_index").cast<int>(), d.attr("id").cast<int64_t>());
+    std::sort(by_process.begin(), by_process.end());
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i < by_process.size(); ++i) {
+      if (by_process[i].first != static_cast<int>(i))
+        throw std::runtime_error("torchtpu: a multi-process job needs exactly one device per process; jaxlib "
+                                 "reports " + std::to_string(by_process.size()) + " devices over the processes");
+      ids.push_back(by_process[i].second);
+    }
+    return ids;
+  }
+
+  std::string describe_collective_failure(const std::vector<int64_t>& replica_devices, int64_t first,
+                                          int64_t last) override;
+
  private:
-  py::object local_device(int device) {
-    if (device < 0 || device >= static_cast<int>(devices_.size()))
-      throw std::invalid_argument("torchtpu: bad device index " + std::to_string(device) + " of " +
-                                  std::to_string(devices_.size()));
+  // The node-local device list: index = tpu index. In a torchrun job the other processes'
+  // devices are None (this process drives tpu:local_rank only).
+  static std::vector<py::object> node_local_devices(const py::list& local, const ProcessLayout& layout) {
+    std::vector<py::object> devices;
+    if (layout.local_world_size == 0) {
+      for (py::handle d : local) devices.push_back(py::reinterpret_borrow<py::object>(d));
+      return devices;
+    }
+    // Joined to a distributed runtime, the client sees only this process's device; alone
+    // (no process group yet) it may see them all, and tpu:local_rank is its local_rank-th.
+    size_t mine = local.size() == 1 ? 0 : static_cast<size_t>(layout.local_rank);
+    if (mine >= local.size())
+      throw std::runtime_error("torchtpu: LOCAL_RANK=" + std::to_string(layout.local_rank) + " but jaxlib sees " +
+                               std::to_string(local.size()) + " local devices");
+    devices.assign(layout.local_world_size, py::none());
+    devices[layout.local_rank] = py::reinterpret_borrow<py::object>(local[mine]);
+    return devices;
+  }
+
+  py::object local_device(int device) const {
+    if (device < 0 || device >= static_cast<int>(devices_.size()) || devices_[device].is_none())
+      throw std::logic_error("torchtpu: device tpu:" + std::to_string(device) + " is not a device of this process");
     return devices_[device];
   }
 
-  // Options that bind an executable to one device (the default assignment is device 0).
+  // Options that bind an executable to one device, or to the replicas' devices for a module
+  // with collectives (this process runs the replica whose device is its own).
   py::object compile_options(const CompileOptions& compile) {
+    const std::vector<int64_t>& replica_devices = compile.replica_devices;
     py::object options = xla_client_.attr("CompileOptions")();
-    py::object id = devices_[compile.device].attr("id");
-    py::object assignment = numpy_.attr("array")(py::make_tuple(py::make_tuple(id)));
-    options.attr("executable_build_options").attr("device_assignment") =
-        xla_client_.attr("DeviceAssignment").attr("create")(assignment);
+    py::object build = options.attr("executable_build_options");
+    py::tuple rows;
+    if (replica_devices.empty()) {
+      rows = py::make_tuple(py::make_tuple(local_device(compile.device).attr("id")));
+    } else {
+      int replicas = static_cast<int>(replica_devices.size());
+      options.attr("num_replicas") = replicas;
+      options.attr("num_partitions") = 1;
+      build.attr("num_replicas") = replicas;
+      build.attr("num_partitions") = 1;
+      rows = py::tuple(replicas);
+      for (int r = 0; r < replicas; ++r) rows[r] = py::make_tuple(replica_devices[r]);
+    }
+    build.attr("device_assignment") = xla_client_.attr("DeviceAssignment").attr("create")(numpy_.attr("array")(rows));
     return options;
   }
 
@@ -354,12 +427,13 @@ class JaxlibRuntime final : public Runtime {
   py::object numpy_;
   py::object host_device_;
   py::object device_put_;
-  py::list devices_;
+  std::vector<py::object> devices_;
   std::string platform_;
   std::string version_;
 };
 
-std::mutex g_init_mutex;
+std::mutex g_runtime_mutex;  // held while the runtime starts or the process joins a job
+int g_collective_timeout_s = 0;  // set when joining a job: the process group's timeout
 
 JaxlibRuntime& jaxlib_runtime() {
   auto* rt = dynamic_cast<JaxlibRuntime*>(&runtime());
@@ -375,6 +449,75 @@ DType dtype_named(const std::string& name) {
   throw std::invalid_argument("torchtpu.from_jax: dtype " + name +
                               " has no tpu tensor dtype (supported: float32, bfloat16, float16, float64, "
                               "int64, int32, int16, int8, uint8, bool)");
+}
+
+struct Settings {
+  std::string platform;  // "" = best present
+  int cpu_device_count = 1;
+  ProcessLayout layout;
+};
+Settings g_settings;
+bool g_distributed_joined = false;
+
+// Takes the runtime mutex without holding the GIL while waiting (the holder may need it).
+std::unique_lock<std::mutex> lock_runtime_mutex() {
+  std::unique_lock<std::mutex> lock(g_runtime_mutex, std::defer_lock);
+  py::gil_scoped_release release;
+  lock.lock();
+  return lock;
+}
+
+py::module_ import_jax() {
+  try {
+    return py::module_::import("jax");
+  } catch (py::error_already_set&) {
+    throw std::runtime_error(
+        "torchtpu needs jax and jaxlib: pip install 'jax[cpu]==0.10.2' (add the CUDA or TPU "
+        "plugin for those platforms)");
+  }
+}
+
+// Chooses the platform and creates jaxlib's client. Called once, with the GIL and the mutex.
+Runtime* start_runtime_locked() {
+  py::module_ jax = import_jax();
+  if (g_settings.cpu_device_count > 1 && g_settings.layout.local_world_size == 0) {
+    try {
+      jax.attr("config").attr("update")("jax_num_cpu_devices", g_settings.cpu_device_count);
+    } catch (py::error_already_set&) {
+      // The CPU client already exists; its device count is fixed.
+    }
+  }
+  py::module_ bridge = py::module_::import("jax._src.xla_bridge");
+  std::vector<std::string> present;
+  for (const char* name : {"tpu", "cuda", "cpu"}) {
+    try {
+      bridge.attr("get_backend")(name);
+      present.push_back(name);
+    } catch (py::error_already_set&) {
+    }
+  }
+  auto is_present = [&](const std::string& p) {
+    for (auto& x : present) if (x == p) return true;
+    return false;
+  };
+  std::string present_list;
+  for (auto& p : present) present_list += (present_list.empty() ? "" : ", ") + p;
+  std::string platform = g_settings.platform;
+  if (platform.empty()) {
+    if (present.empty()) throw std::runtime_error("torchtpu: jaxlib found no usable platform");
+    platform = present.front();
+  } else if (platform != "cpu" && platform != "cuda" && platform != "tpu") {
+    throw std::invalid_argument("torchtpu: unknown platform '" + platform +
+                                "'; valid platforms are cpu, cuda, tpu (present here: " +
+                                present_list + ")");
+  } else if (!is_present(platform)) {
+    throw std::runtime_error("torchtpu: platform '" + platform +
+                             "' was requested (TORCHTPU_PLATFORM) but is not present on this "
+                             "machine; present: " + present_list +
+                             ". Install its jax plugin or choose another platform.");
+  }
+  py::object client = bridge.attr("get_backend")(platform);
+  return new JaxlibRuntime(client, platform, g_settings.layout);
 }
 
 }  // namespace
@@ -412,56 +555,154 @@ BufferPtr buffer_of_jax_array(_object* object) {
   }
 }
 
-void init_runtime(const std::string& requested_platform, int cpu_device_count) {
-  std::lock_guard<std::mutex> lock(g_init_mutex);
-  if (runtime_initialized()) return;
+void configure_runtime(const std::string& requested_platform, int cpu_device_count, ProcessLayout layout) {
   py::gil_scoped_acquire gil;
-  py::module_ jax;
+  auto lock = lock_runtime_mutex();
+  if (runtime_initialized()) return;  // settings are read once, when the runtime starts
+  g_settings = Settings{requested_platform, cpu_device_count, layout};
+  set_process_layout(layout);
+  // Known without starting the runtime: the CPU platform's device count.
+  set_device_count_before_start(requested_platform == "cpu" ? std::max(1, cpu_device_count) : -1);
+  set_runtime_starter([] {
+    py::gil_scoped_acquire gil;
+    auto lock = lock_runtime_mutex();
+    static Runtime* started = start_runtime_locked();  // never destroyed: its Python objects outlive the interpreter
+    return started;
+  });
+}
+
+bool distributed_joined() { return g_distributed_joined; }
+
+namespace {
+
+// jax's coordination client of this process (set once joined), and the last error it
+// reported (a peer that stopped sending heartbeats, a failed shutdown barrier).
+py::object g_coordination_client;
+std::mutex g_coordination_error_mutex;
+std::string g_coordination_error;
+
+std::string coordination_error() {
+  std::lock_guard<std::mutex> lock(g_coordination_error_mutex);
+  return g_coordination_error;
+}
+
+void record_coordination_error(const std::string& message) {
+  std::lock_guard<std::mutex> lock(g_coordination_error_mutex);
+  g_coordination_error = message;
+}
+
+}  // namespace
+
+// Each failing rank posts the collectives it was running to jax's key-value store, waits
+// for the others, then names the ranks that posted nothing (dead or busy elsewhere) or
+// something else (out of step).
+std::string JaxlibRuntime::describe_collective_failure(const std::vector<int64_t>& replica_devices, int64_t first,
+                                                       int64_t last) {
+  py::gil_scoped_acquire gil;
+  if (g_coordination_client.is_none() || !g_coordination_client) return "";
+  std::map<int64_t, int> rank_of_device;
+  for (py::handle d : client_.attr("devices")())
+    rank_of_device[d.attr("id").cast<int64_t>()] = d.attr("process_index").cast<int>();
+  std::vector<int> ranks;
+  std::string directory = "torchtpu/failed/";
+  for (int64_t id : replica_devices) {
+    ranks.push_back(rank_of_device[id]);
+    directory += std::to_string(id) + "_";
+  }
+  static int failures = 0;
+  directory += "/" + std::to_string(failures++) + "/";
+  int me = client_.attr("process_index")().cast<int>();
+  std::string mine = std::to_string(first) + ".." + std::to_string(last);
+  std::string report;
   try {
-    jax = py::module_::import("jax");
-  } catch (py::error_already_set&) {
+    g_coordination_client.attr("key_value_set")(directory + std::to_string(me), mine);
+    {
+      py::gil_scoped_release release;
+      std::this_thread::sleep_for(std::chrono::seconds(std::clamp(g_collective_timeout_s / 4, 2, 10)));
+    }
+    std::map<int, std::string> posted;
+    for (py::handle item : g_coordination_client.attr("key_value_dir_get")(directory)) {
+      std::string key = py::str(item[py::int_(0)]);
+      posted[std::stoi(key.substr(key.rfind('/') + 1))] = py::str(item[py::int_(1)]);
+    }
+    std::string absent, different;
+    for (int r : ranks) {
+      if (!posted.count(r)) absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+      else if (posted[r] != mine) different += (different.empty() ? "" : ", ") + std::to_string(r) + " (#" + posted[r] + ")";
+    }
+    if (!absent.empty())
+      report += " Rank(s) " + absent + " did not reach these collectives: they died, or are stuck or busy elsewhere.";
+    if (!different.empty())
+      report += " Rank(s) " + different + " failed in other collectives: the ranks issued different collectives.";
+  } catch (py::error_already_set& e) {
+    report += " (the job's coordination service could not be asked which ranks failed: " + std::string(e.what()) + ")";
+  }
+  std::string service = coordination_error();
+  if (!service.empty()) report += " jax's coordination service reported: " + service;
+  std::string group;
+  for (int r : ranks) group += (group.empty() ? "" : ", ") + std::to_string(r);
+  return " [collectives #" + mine + " over ranks " + group + " on rank " + std::to_string(me) + "]" + report;
+}
+
+// Joins the job the way jax.distributed.initialize does, with one difference: jax's client
+// terminates the process (LOG(FATAL)) when the coordination service reports an error, such
+// as a peer that died or never connected. Here the error is recorded and surfaces as a
+// Python exception from the failing call, which can name the ranks at fault.
+void join_distributed(const DistributedOptions& options) {
+  py::gil_scoped_acquire gil;
+  auto lock = lock_runtime_mutex();
+  if (g_distributed_joined) return;
+  if (runtime_initialized())
+    throw RuntimeAlreadyStarted("torchtpu: the tpu runtime started before this process joined the job");
+  py::module_ jax = import_jax();
+  py::object config = jax.attr("config");
+  // CPU collectives go over gloo (GPU ones over NCCL, TPU ones over ICI: chosen by the client).
+  config.attr("update")("jax_cpu_collectives_implementation", "gloo");
+  if (g_settings.layout.local_world_size > 0) {
+    std::string mine = std::to_string(g_settings.layout.local_rank);
+    config.attr("update")("jax_cuda_visible_devices", mine);
+  }
+  // A peer that never reaches a collective: the wait ends after the process group's timeout
+  // (XLA's CPU collectives wait 30 minutes by default). Read when the client starts.
+  py::object environ = py::module_::import("os").attr("environ");
+  std::string flags = py::str(environ.attr("get")("XLA_FLAGS", ""));
+  if (flags.find("xla_cpu_collective_timeout_seconds") == std::string::npos)
+    environ["XLA_FLAGS"] = flags + " --xla_cpu_collective_timeout_seconds=" + std::to_string(options.initialization_timeout_s);
+  py::object state = py::module_::import("jax._src.distributed").attr("global_state");
+  if (!state.attr("client").is_none())
+    throw std::runtime_error("torchtpu: jax.distributed was initialized already; let torch.distributed's "
+                             "init_process_group() join the job instead");
+  py::object jaxlib = py::module_::import("jax._src.lib").attr("_jax");
+  const std::string& address = options.coordinator_address;
+  int shutdown_timeout = std::min(options.initialization_timeout_s, 300);
+  try {
+    if (options.process_id == 0) {
+      std::string bind = "[::]:" + address.substr(address.rfind(':') + 1);
+      state.attr("service") = jaxlib.attr("get_distributed_runtime_service")(
+          bind, options.num_processes, py::arg("heartbeat_timeout") = options.heartbeat_timeout_s,
+          py::arg("shutdown_timeout") = shutdown_timeout);
+    }
+    py::cpp_function on_error([](py::object status) { record_coordination_error(py::str(status)); });
+    py::object client = jaxlib.attr("get_distributed_runtime_client")(
+        address, options.process_id, py::arg("init_timeout") = options.initialization_timeout_s,
+        py::arg("shutdown_timeout") = shutdown_timeout, py::arg("heartbeat_timeout") = options.heartbeat_timeout_s,
+        py::arg("missed_heartbeat_callback") = on_error, py::arg("use_compression") = true);
+    client.attr("connect")();
+    state.attr("client") = client;
+    state.attr("process_id") = options.process_id;
+    state.attr("num_processes") = options.num_processes;
+    state.attr("coordinator_address") = address;
+    g_coordination_client = client;
+  } catch (py::error_already_set& e) {
     throw std::runtime_error(
-        "torchtpu needs jax and jaxlib: pip install 'jax[cpu]==0.10.2' (add the CUDA or TPU "
-        "plugin for those platforms)");
+        "torchtpu: could not join the distributed job (jax's coordination service at " + address + ", process " +
+        std::to_string(options.process_id) + " of " + std::to_string(options.num_processes) + ", waited up to " +
+        std::to_string(options.initialization_timeout_s) +
+        " s): check that every rank started and called init_process_group(), that MASTER_ADDR is rank 0's host "
+        "address as the other hosts see it, and that no firewall blocks the port. jax said: " + e.what());
   }
-  if (cpu_device_count > 1) {
-    try {
-      jax.attr("config").attr("update")("jax_num_cpu_devices", cpu_device_count);
-    } catch (py::error_already_set&) {
-      // The CPU client already exists; its device count is fixed.
-    }
-  }
-  py::module_ bridge = py::module_::import("jax._src.xla_bridge");
-  std::vector<std::string> present;
-  for (const char* name : {"tpu", "cuda", "cpu"}) {
-    try {
-      bridge.attr("get_backend")(name);
-      present.push_back(name);
-    } catch (py::error_already_set&) {
-    }
-  }
-  auto is_present = [&](const std::string& p) {
-    for (auto& x : present) if (x == p) return true;
-    return false;
-  };
-  std::string present_list;
-  for (auto& p : present) present_list += (present_list.empty() ? "" : ", ") + p;
-  std::string platform = requested_platform;
-  if (platform.empty()) {
-    if (present.empty()) throw std::runtime_error("torchtpu: jaxlib found no usable platform");
-    platform = present.front();
-  } else if (platform != "cpu" && platform != "cuda" && platform != "tpu") {
-    throw std::invalid_argument("torchtpu: unknown platform '" + platform +
-                                "'; valid platforms are cpu, cuda, tpu (present here: " +
-                                present_list + ")");
-  } else if (!is_present(platform)) {
-    throw std::runtime_error("torchtpu: platform '" + platform +
-                             "' was requested (TORCHTPU_PLATFORM) but is not present on this "
-                             "machine; present: " + present_list +
-                             ". Install its jax plugin or choose another platform.");
-  }
-  py::object client = bridge.attr("get_backend")(platform);
-  install_runtime(new JaxlibRuntime(client, platform));  // never destroyed: its Python objects outlive the interpreter
+  g_collective_timeout_s = options.initialization_timeout_s;
+  g_distributed_joined = true;
 }
 
 }  // namespace torchtpu

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,17 +21,29 @@ struct DeviceOutOfMemory : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// How a module is compiled: which device its executable runs on. Every field that changes
-// the executable belongs in describe(): the disk cache keys entries by it.
+// How a module is compiled: which device its executable runs on, and for a module with
+// collectives the global device ids of its replicas in replica order (a process group's
+// devices in group-rank order; empty: a single-device module). Every field that changes the
+// executable belongs in describe(): the disk cache keys entries by it.
 struct CompileOptions {
   int device = 0;
-  std::string describe() const { return "device=" + std::to_string(device); }
+  std::vector<int64_t> replica_devices;
+  std::string describe() const {
+    std::string out = "device=" + std::to_string(device);
+    if (!replica_devices.empty()) {
+      out += " replicas=";
+      for (int64_t id : replica_devices) out += std::to_string(id) + ",";
+    }
+    return out;
+  }
 };
 
 class Runtime {
  public:
   virtual ~Runtime() = default;
   virtual const std::string& platform() const = 0;
+  // Device indices are node-local (tpu:N). In a torchrun job every index of the node is
+  // counted but this process can use only its own (see ProcessLayout).
   virtual int device_count() const = 0;
   // Identifies the compiler for cache keys: "jaxlib 0.10.2 cpu <platform_version>".
   virtual const std::string& version() const = 0;
@@ -71,16 +84,51 @@ class Runtime {
   // peak_bytes_in_use, ...); empty where it keeps none (the CPU client allocates each buffer
   // from the host heap).
   virtual std::map<std::string, int64_t> memory_stats(int device) = 0;
+
+
+  // ---- multi-process jobs (one device per process; torch.distributed) --------------------
+  // The contents of a small int64 buffer (waits for it).
+  virtual std::vector<int64_t> read_int64(const DeviceBuffer& buffer) {
+    throw std::logic_error("torchtpu: this runtime cannot read buffers back");
+  }
+  virtual int process_index() const { return 0; }
+  virtual int64_t device_id(int device) const { return device; }  // the global id of a local device
+  // The global id of each process's device, indexed by process index (= global rank).
+  virtual std::vector<int64_t> process_device_ids() const { return {device_id(0)}; }
+  // After collectives #first..#last over these replicas failed (a peer died, stopped or
+  // issued something else): which ranks are at fault, as far as the job can tell. May wait
+  // a few seconds for the other ranks' reports. "" outside a multi-process job.
+  virtual std::string describe_collective_failure(const std::vector<int64_t>& replica_devices, int64_t first,
+                                                  int64_t last) {
+    return "";
+  }
 };
 
-// The process's runtime, installed once (init_runtime in jaxlib_runtime.h; a C++ test
-// installs its own) and never destroyed: its buffers may outlive static teardown.
+// The process's runtime, installed once (jaxlib_runtime.h; a C++ test installs its own) and
+// never destroyed: its buffers may outlive static teardown.
 void install_runtime(Runtime* runtime);
+// A runtime may instead start at its first use (runtime()): `starter` creates it, once.
+// A multi-process job joins its distributed runtime before that.
+void set_runtime_starter(std::function<Runtime*()> starter);
 bool runtime_initialized();
-// The installed runtime's device count (0 before install); answers in a forked child too.
+// The installed runtime's device count (0 before it starts); answers in a forked child too.
 int runtime_device_count();
-// Raises (see check_not_forked) in a child forked after the runtime was installed.
-Runtime& runtime();
+Runtime& runtime();  // starts the runtime on first use
+
+// One process per device (torchrun): the node has local_world_size devices, numbered
+// tpu:0..local_world_size-1, and this process drives tpu:local_rank only.
+struct ProcessLayout {
+  int local_rank = 0;
+  int local_world_size = 0;  // 0: not a multi-process job; every local device is usable
+};
+void set_process_layout(ProcessLayout layout);
+const ProcessLayout& process_layout();
+// Whether this process may use tpu:index (false for another process's device).
+bool device_addressable(int index);
+// The number of device indices, without starting the runtime when the settings tell (a
+// torchrun layout, or `known` from set_device_count_before_start; -1: ask the runtime).
+int configured_device_count();
+void set_device_count_before_start(int known);
 
 // A child forked after install_runtime holds the parent's client without the threads that
 // drive it: using it would hang, so the child is marked (pthread_atfork) and every use raises.

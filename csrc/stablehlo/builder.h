@@ -126,6 +126,11 @@ class LoweringContext {
   // Uniform floats in [0, 1) of dtype, from the node's seed/offset args.
   V random_uniform(const Node& node, const std::vector<int64_t>& shape, DType dtype);
 
+  // The result of the module's latest collective (lowering/collective.cpp chains them so
+  // that every process issues its collectives in program order). Empty name: none yet.
+  const V& last_collective() const { return last_collective_; }
+  void set_last_collective(V value) { last_collective_ = std::move(value); }
+
  private:
   void append(const std::string& line) { body_ += line; }
   V complex_scalar(const Arg& a, int slot, DType dtype);  // a Complex argument: a constant (slot < 0) or lifted
@@ -142,6 +147,7 @@ class LoweringContext {
   bool has_float64_ = true;
   const Node* node_ = nullptr;  // the node being lowered
   std::vector<EmittedCheck> checks_;
+  V last_collective_;
 };
 
 template <typename F>

@@ -1,0 +1,166 @@
+"""Data-parallel training on tpu: what a DDP (and an FSDP2) step costs across processes.
+
+Launches `torchrun` twice on this machine, 2 processes and 1 process, each training the
+same MLP with the same per-rank batch in fused mode, and reports per step (steady state):
+
+    executables     graphs launched per step (1: forward, backward, the gradient
+                    all-reduces and AdamW are one program)
+    host bytes      bytes copied to the device (the batch) and back (none)
+    step time       median seconds per step; 2 ranks vs 1 is the communication overhead
+                    at the same per-rank batch (on CPU the two ranks also share the cores)
+
+    python bench/distributed.py                  # alone
+    python bench/run.py                          # as the "distributed" section of make bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = {
+    # width of the MLP, per-rank batch, timed steps
+    "small": dict(width=512, batch=32, steps=10),
+    "full": dict(width=2048, batch=64, steps=20),
+}
+WARMUP = 3  # DDP rebuilds its buckets after the first step; steps 2-3 compile the steady step
+
+
+def _model(width):
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, width),
+                               torch.nn.GELU(), torch.nn.Linear(width, 16))
+
+
+def _train(torchtpu, setup, wrap, rank):
+    """Per-step seconds and counters of `setup['steps']` steady steps (after WARMUP)."""
+    import torch
+
+    model = wrap(_model(setup["width"]).to("tpu"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(setup["batch"], setup["width"], generator=generator),
+                torch.randint(0, 16, (setup["batch"],), generator=generator)) for _ in range(4)]
+    times, before = [], None
+    for step in range(WARMUP + setup["steps"]):
+        if step == WARMUP:
+            before = dict(torchtpu.metrics.counters())
+        x, y = batches[step % len(batches)]
+        start = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x.to("tpu")), y.to("tpu")).backward()
+        opt.step()
+        torchtpu.sync(wait=True)
+        if step >= WARMUP:
+            times.append(time.perf_counter() - start)
+    after = torchtpu.metrics.counters()
+    per_step = {k: (after[k] - before[k]) / setup["steps"] for k in ("execute_count", "bytes_to_device",
+                                                                      "bytes_to_host", "graphs_compiled")}
+    batch_bytes = batches[0][0].numel() * 4 + batches[0][1].numel() * 8
+    return dict(step_s=statistics.median(times), batch_bytes=batch_bytes, **per_step)
+
+
+def worker(out_dir, size):
+    """One rank under torchrun: DDP, then FSDP2 (world > 1), in fused mode."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torchtpu
+
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    setup = SIZES[size]
+    result = {"world": world, "ddp": _train(torchtpu, setup, DDP, rank)}
+    if world > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("tpu", (world,))
+
+        def shard(model):
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            return fully_shard(model, mesh=mesh)
+
+        result["fsdp2"] = _train(torchtpu, setup, shard, rank)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def _launch(nproc, size, timeout):
+    out_dir = tempfile.mkdtemp(prefix="torchtpu-bench-dist-")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for 2 processes; the same for 1
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+               f"--master_port={port}", os.path.abspath(__file__), "--worker", out_dir, "--size", size]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun --nproc_per_node={nproc} failed:\n{done.stderr[-3000:]}")
+    return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(nproc)]
+
+
+def run_distributed(size="small", timeout=600):
+    """Launches 1 and 2 processes; returns the per-step numbers (rank 0's, slowest step time)."""
+    out = dict(size=size, **SIZES[size])
+    for nproc in (1, 2):
+        ranks = _launch(nproc, size, timeout)
+        for kind in ranks[0]:
+            if kind == "world":
+                continue
+            row = dict(ranks[0][kind])
+            row["step_s"] = max(r[kind]["step_s"] for r in ranks)  # a step ends when every rank's has
+            out[f"{kind}_{nproc}"] = row
+    out["overhead"] = out["ddp_2"]["step_s"] / out["ddp_1"]["step_s"]
+    for key in ("ddp_1", "ddp_2", "fsdp2_2"):
+        r = out[key]
+        print(f"  {key}: {r['step_s'] * 1e3:.1f} ms/step, {r['execute_count']:.1f} executables/step, "
+              f"{r['bytes_to_device']:.0f} B to device (batch {r['batch_bytes']} B), {r['bytes_to_host']:.0f} B to host",
+              flush=True)
+    print(f"  2 ranks vs 1 (DDP, same per-rank batch): {out['overhead']:.2f}x step time", flush=True)
+    return out
+
+
+def distributed_table(result) -> str:
+    from common import markdown_table
+
+    rows = []
+    for key, name in (("ddp_1", "DDP, 1 process"), ("ddp_2", "DDP, 2 processes"), ("fsdp2_2", "FSDP2, 2 processes")):
+        r = result[key]
+        ratio = f"{r['step_s'] / result['ddp_1']['step_s']:.2f}x"
+        rows.append([name, f"{r['step_s'] * 1e3:.1f}", ratio, f"{r['execute_count']:.1f}",
+                     f"{r['bytes_to_device'] - r['batch_bytes']:.0f}", f"{r['bytes_to_host']:.0f}"])
+    title = f"MLP width {result['width']}, batch {result['batch']} per rank, fused"
+    return markdown_table([title, "ms per step", "vs 1 process", "executables per step",
+                           "host->device bytes beyond the batch", "device->host bytes"], rows)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=list(SIZES), default="small")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.size)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    print(distributed_table(run_distributed(args.size)))
+
+
+if __name__ == "__main__":
+    main()

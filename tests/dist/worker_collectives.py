@@ -1,0 +1,166 @@
+"""Every collective of the tpu backend, exact for float32, bfloat16 and int64, in each eager
+mode, against the values computed on CPU from every rank's (deterministic) input; then
+collectives that differ across ranks (each rank's error is recorded in the report)."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import torchtpu
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import Report, write  # noqa: E402
+
+DTYPES = (torch.float32, torch.bfloat16, torch.int64)
+
+
+def data(rank, dtype, n=6):
+    """Rank r's input: distinct per rank, exact in every dtype, some negative and zero."""
+    base = torch.arange(n, dtype=torch.float64)
+    if dtype.is_floating_point:
+        return (base * 0.375 + rank * 1.5 - 1.125).to(dtype)
+    return (base * 3 + rank * 7 - 5).to(dtype)
+
+
+def expected_reduce(op, tensors):
+    out = tensors[0].clone()
+    for t in tensors[1:]:
+        if op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG:
+            out = out + t
+        elif op == dist.ReduceOp.PRODUCT:
+            out = out * t
+        elif op == dist.ReduceOp.MAX:
+            out = torch.maximum(out, t)
+        elif op == dist.ReduceOp.MIN:
+            out = torch.minimum(out, t)
+    if op == dist.ReduceOp.AVG:
+        out = out / len(tensors) if out.is_floating_point() else torch.div(out, len(tensors), rounding_mode="trunc")
+    return out
+
+
+def check_dtype(report, rank, world, dtype, tag):
+    inputs = [data(r, dtype) for r in range(world)]
+    mine = inputs[rank]
+
+    ops = [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MAX, dist.ReduceOp.MIN]
+    for op in ops:
+        x = mine.to("tpu")
+        dist.all_reduce(x, op=op)
+        report.equal(f"{tag} all_reduce {op}", x, expected_reduce(op, inputs))
+
+    x = mine.to("tpu")
+    work = dist.all_reduce(x, async_op=True)
+    future = work.get_future()
+    work.wait()
+    report.equal(f"{tag} all_reduce async", x, expected_reduce(dist.ReduceOp.SUM, inputs))
+    report.equal(f"{tag} all_reduce future", future.wait()[0], expected_reduce(dist.ReduceOp.SUM, inputs))
+
+    # A view: the result reaches the base tensor, as an in-place op on the slice would.
+    base = torch.zeros(10, dtype=dtype, device="tpu")
+    base[2:8] = mine.to("tpu")
+    dist.all_reduce(base[2:8])
+    want = torch.zeros(10, dtype=dtype)
+    want[2:8] = expected_reduce(dist.ReduceOp.SUM, inputs)
+    report.equal(f"{tag} all_reduce of a view", base, want)
+
+    for src in range(world):
+        x = mine.to("tpu")
+        dist.broadcast(x, src=src)
+        report.equal(f"{tag} broadcast from {src}", x, inputs[src])
+
+    outs = [torch.empty_like(mine, device="tpu") for _ in range(world)]
+    dist.all_gather(outs, mine.to("tpu"))
+    for r in range(world):
+        report.equal(f"{tag} all_gather [{r}]", outs[r], inputs[r])
+    out = torch.empty(world * mine.numel(), dtype=dtype, device="tpu")
+    dist.all_gather_into_tensor(out, mine.to("tpu"))
+    report.equal(f"{tag} all_gather_into_tensor", out, torch.cat(inputs))
+
+    # reduce_scatter: rank r's input list is data(r) chunks; rank j gets the sum of chunk j.
+    big = [data(r, dtype, n=2 * world) for r in range(world)]
+    chunks = [b.chunk(world) for b in big]
+    out = torch.empty(2, dtype=dtype, device="tpu")
+    dist.reduce_scatter(out, [c.to("tpu") for c in chunks[rank]])
+    report.equal(f"{tag} reduce_scatter", out, expected_reduce(dist.ReduceOp.SUM, [c[rank] for c in chunks]))
+    out = torch.empty(2, dtype=dtype, device="tpu")
+    dist.reduce_scatter_tensor(out, big[rank].to("tpu"), op=dist.ReduceOp.MAX)
+    report.equal(f"{tag} reduce_scatter_tensor max", out, expected_reduce(dist.ReduceOp.MAX, [c[rank] for c in chunks]))
+
+    out = torch.empty(2 * world, dtype=dtype, device="tpu")
+    dist.all_to_all_single(out, big[rank].to("tpu"))
+    report.equal(f"{tag} all_to_all_single", out, torch.cat([c[rank] for c in chunks]))
+    outs = [torch.empty(2, dtype=dtype, device="tpu") for _ in range(world)]
+    dist.all_to_all(outs, [c.to("tpu") for c in chunks[rank]])
+    for r in range(world):
+        report.equal(f"{tag} all_to_all [{r}]", outs[r], chunks[r][rank])
+
+    # send/recv around the ring, then back.
+    right, left = (rank + 1) % world, (rank - 1) % world
+    x = torch.empty_like(mine, device="tpu")
+    if rank % 2 == 0:
+        dist.send(mine.to("tpu"), dst=right)
+        dist.recv(x, src=left)
+    else:
+        dist.recv(x, src=left)
+        dist.send(mine.to("tpu"), dst=right)
+    report.equal(f"{tag} send/recv", x, inputs[left])
+
+    x = mine.to("tpu")
+    dist.reduce(x, dst=world - 1, op=dist.ReduceOp.MAX)
+    report.equal(f"{tag} reduce", x, expected_reduce(dist.ReduceOp.MAX, inputs) if rank == world - 1 else mine)
+
+    gathered = [torch.empty_like(mine, device="tpu") for _ in range(world)] if rank == 0 else None
+    dist.gather(mine.to("tpu"), gathered, dst=0)
+    if rank == 0:
+        for r in range(world):
+            report.equal(f"{tag} gather [{r}]", gathered[r], inputs[r])
+
+    x = torch.empty_like(mine, device="tpu")
+    src = world - 1
+    dist.scatter(x, [data(10 + r, dtype).to("tpu") for r in range(world)] if rank == src else None, src=src)
+    report.equal(f"{tag} scatter", x, data(10 + rank, dtype))
+
+
+def check_mismatches(report, rank):
+    """Ranks that all_reduce tensors of other shapes, then of other dtypes: each rank gets an
+    error naming every rank's call (recorded in report.values), and the group still works."""
+    for what, tensor in (("shape", torch.ones(4 + rank)),
+                         ("dtype", torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int64))):
+        x = tensor.to("tpu")
+        dist.all_reduce(x)
+        try:
+            x.cpu()
+            report.failures.append(f"{what} mismatch: no error")
+        except RuntimeError as error:
+            report.values[what] = str(error)
+    y = torch.full((3,), float(rank), device="tpu")
+    dist.all_reduce(y)
+    report.equal("all_reduce after the mismatches", y.cpu(), torch.full((3,), 1.0))
+
+
+def main():
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    report = Report()
+    quick = len(sys.argv) > 2 and sys.argv[2] == "quick"  # one mode and dtype (the two-node test)
+    for mode in ("fused",) if quick else ("debug", "strict", "fused"):
+        with torchtpu.mode(mode):
+            for dtype in (torch.float32,) if quick else DTYPES:
+                tag = f"{mode} {dtype}"
+                report.run(tag, lambda: check_dtype(report, rank, world, dtype, tag))
+                torchtpu.sync(wait=True)
+    if not quick:
+        report.run("mismatches", lambda: check_mismatches(report, rank))
+    # Objects travel as uint8 tpu tensors (the backend's device).
+    objects = [None] * world
+    dist.all_gather_object(objects, {"rank": rank})
+    report.equal("all_gather_object", objects, [{"rank": r} for r in range(world)])
+    dist.barrier()
+    write(report, rank, device=str(torchtpu.device()), device_count=torch.tpu.device_count(),
+          local_rank=int(os.environ["LOCAL_RANK"]))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

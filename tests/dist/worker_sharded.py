@@ -1,0 +1,182 @@
+"""DTensor, functional collectives, FSDP2, tensor parallel and distributed checkpoints on
+init_device_mesh("tpu", (2,)), in one launch (each launch pays start-up and compiles).
+
+    worker_sharded.py OUT
+
+Training checks compare with single-process training on CPU (the oracle) on the
+concatenated batch. Rank r also saves an FSDP2 state dict with torch.distributed.checkpoint
+into OUT/checkpoint, and rank 0 the full parameters saved into OUT/expected.pt, for the
+test to load into one process; and it loads OUT/single, which the test saved from one process
+(a model made by make_model(seed=5)), into an FSDP2 model."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+import torchtpu
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import Report, write  # noqa: E402
+
+STEPS = 5
+PER_RANK = 4
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+
+def batches(world):
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        yield (torch.randn(world * PER_RANK, 16, generator=generator),
+               torch.randint(0, 8, (world * PER_RANK,), generator=generator))
+
+
+def reference(world):
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for x, y in batches(world):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def check_functional_collectives(report, rank, world, group_name):
+    ops = torch.ops._c10d_functional
+    x = torch.arange(6, dtype=torch.float32) + 10 * rank
+    everyone = [torch.arange(6, dtype=torch.float32) + 10 * r for r in range(world)]
+    got = ops.wait_tensor(ops.all_reduce(x.to("tpu"), "sum", group_name))
+    report.equal("functional all_reduce", got, sum(everyone))
+    got = ops.wait_tensor(ops.all_gather_into_tensor(x.to("tpu"), world, group_name))
+    report.equal("functional all_gather_into_tensor", got, torch.cat(everyone))
+    got = ops.wait_tensor(ops.reduce_scatter_tensor(x.to("tpu"), "sum", world, group_name))
+    report.equal("functional reduce_scatter_tensor", got, sum(everyone).chunk(world)[rank])
+    got = ops.wait_tensor(ops.all_to_all_single(x.to("tpu"), [3, 3], [3, 3], group_name))
+    report.equal("functional all_to_all_single", got, torch.cat([e.chunk(world)[rank] for e in everyone]))
+    got = ops.wait_tensor(ops.broadcast(x.to("tpu"), 1, group_name))
+    report.equal("functional broadcast", got, everyone[1])
+
+
+def check_compiled_functional_collectives(report, rank, world, mesh):
+    import torch.distributed._functional_collectives as funcol
+
+    def step(x):
+        y = funcol.all_reduce(x * 2, "sum", mesh)
+        return funcol.all_gather_single(y + 1, 0, mesh).view(world, -1).sum(0) * 3
+
+    compiled = torch.compile(step, backend="tpu")
+    x = torch.arange(4.0) + rank
+    expected = (sum(torch.arange(4.0) + r for r in range(world)) * 2 + 1) * world * 3
+    report.equal("compiled functional collectives", compiled(x.to("tpu")), expected)
+    before = torchtpu.metrics.counters()["execute_count"]
+    report.equal("compiled functional collectives, again", compiled(x.to("tpu")), expected)
+    # The compiled graph, collectives and all, is one executable.
+    report.equal("executables per compiled call", torchtpu.metrics.counters()["execute_count"] - before, 1)
+
+
+def check_dtensor(report, rank, world, mesh):
+    for dtype in (torch.float32, torch.int64):
+        full = torch.arange(48).reshape(4, 12).to(dtype) * 3 - 7
+        tag = str(dtype).replace("torch.", "")
+        d = distribute_tensor(full.to("tpu"), mesh, [Shard(0)])
+        report.equal(f"{tag} Shard(0) local", d.to_local(), full.chunk(world, 0)[rank])
+        report.equal(f"{tag} full_tensor", d.full_tensor(), full)
+        report.equal(f"{tag} Shard(0)->Replicate", d.redistribute(mesh, [Replicate()]).to_local(), full)
+        report.equal(f"{tag} Shard(0)->Shard(1)", d.redistribute(mesh, [Shard(1)]).to_local(),
+                     full.chunk(world, 1)[rank])
+        r = distribute_tensor(full.to("tpu"), mesh, [Replicate()])
+        report.equal(f"{tag} Replicate local", r.to_local(), full)
+        report.equal(f"{tag} Replicate->Shard(1)", r.redistribute(mesh, [Shard(1)]).to_local(),
+                     full.chunk(world, 1)[rank])
+        report.equal(f"{tag} sharded sum", d.sum().full_tensor(), full.sum())
+    a = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
+    b = torch.randn(16, 4, generator=torch.Generator().manual_seed(3))
+    product = distribute_tensor(a.to("tpu"), mesh, [Shard(0)]) @ distribute_tensor(b.to("tpu"), mesh, [Replicate()])
+    report.close("Shard(0) @ Replicate", product.full_tensor(), a @ b, atol=1e-5)  # float32 rounding
+
+
+def train_fsdp2(report, mode, rank, world, mesh, out_dir):
+    model = make_model().to("tpu")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    for step, (x, y) in enumerate(batches(world)):
+        before = torchtpu.metrics.counters()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[mine].to("tpu")), y[mine].to("tpu")).backward()
+        opt.step()
+        torchtpu.sync(wait=True)
+        after = torchtpu.metrics.counters()
+        if mode == "fused" and step >= 2:
+            # Steps 3-5: all-gathers, forward, backward, reduce-scatters and AdamW are one
+            # executable, and nothing comes back to the host.
+            report.equal(f"fused FSDP2 step {step + 1}: executables", after["execute_count"] - before["execute_count"], 1)
+            report.equal(f"fused FSDP2 step {step + 1}: bytes to host", after["bytes_to_host"] - before["bytes_to_host"], 0)
+    expected = reference(world)
+    for i, (p, want) in enumerate(zip(model.parameters(), expected)):
+        report.equal(f"{mode} FSDP2 parameter {i} is sharded", list(p.placements), [Shard(0)])
+        report.close(f"{mode} FSDP2 parameter {i}", p.full_tensor(), want, atol=1e-5)  # AdamW in float32
+    if mode == "fused":
+        dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(out_dir, "checkpoint"))
+        full = {name: value.full_tensor().cpu() for name, value in model.state_dict().items()}  # every rank
+        if rank == 0:
+            torch.save(full, os.path.join(out_dir, "expected.pt"))
+
+
+def train_tensor_parallel(report, mode, world, mesh):
+    # Every rank sees the whole batch; the two Linear layers are split column- then row-wise.
+    model = parallelize_module(make_model().to("tpu"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for x, y in batches(world):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x.to("tpu")), y.to("tpu")).backward()
+        opt.step()
+    for i, (p, want) in enumerate(zip(model.parameters(), reference(world))):
+        report.close(f"{mode} tensor parallel parameter {i}", p.full_tensor(), want, atol=1e-5)  # float32 AdamW
+
+
+def load_single_process_checkpoint(report, mesh, out_dir):
+    model = make_model().to("tpu")
+    fully_shard(model, mesh=mesh)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=os.path.join(out_dir, "single"))
+    model.load_state_dict(state["model"])
+    for i, (p, want) in enumerate(zip(model.parameters(), make_model(seed=5).parameters())):
+        report.equal(f"1-process checkpoint: parameter {i}", p.full_tensor(), want.detach())
+
+
+def main():
+    out_dir = sys.argv[1]
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("tpu", (world,))
+    report = Report()
+    report.run("functional collectives",
+               lambda: check_functional_collectives(report, rank, world, mesh.get_group().group_name))
+    report.run("compiled functional collectives", lambda: check_compiled_functional_collectives(report, rank, world, mesh))
+    report.run("dtensor", lambda: check_dtensor(report, rank, world, mesh))
+    for mode in ("strict", "fused"):
+        with torchtpu.mode(mode):
+            report.run(f"{mode} FSDP2", lambda: train_fsdp2(report, mode, rank, world, mesh, out_dir))
+    report.run("load a 1-process checkpoint", lambda: load_single_process_checkpoint(report, mesh, out_dir))
+    for mode in ("strict", "fused"):
+        with torchtpu.mode(mode):
+            report.run(f"{mode} tensor parallel", lambda: train_tensor_parallel(report, mode, world, mesh))
+    write(report, rank)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
