@@ -188,8 +188,8 @@ def test_device_index_out_of_range():
 
 
 def test_unsupported_dtype_is_a_type_error():
-    with pytest.raises(TypeError, match="complex64 is not supported on tpu"):
-        torch.zeros(2, dtype=torch.complex64, device="tpu")
+    with pytest.raises(TypeError, match="complex32 is not supported on tpu"):
+        torch.zeros(2, dtype=torch.complex32, device="tpu")
 
 
 def run_python(code, **env):
