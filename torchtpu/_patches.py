@@ -443,6 +443,12 @@ class _StepSnapshot:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if not any(_is_tpu(p) for p in params):
             return None
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        if any(is_traceable_wrapper_subclass(p) for p in params):
+            # DTensor parameters (FSDP2, tensor parallel) keep their data in wrapped local
+            # tensors that FSDP2 re-points between steps: such steps are not undone.
+            return None
         snapshot = cls()
         snapshot.optimizer = optimizer
         tensors, host, state = [], [], {}
