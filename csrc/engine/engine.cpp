@@ -525,6 +525,7 @@ ExecutablePtr Engine::load_from_disk(Graph& g, const std::string& key) {
     metrics_.cache_hits_disk++;
     return exe;
   } catch (const std::exception& e) {
+    rethrow_if_interrupt();  // Ctrl-C while loading is not a damaged entry
     if (hooks_.warn)
       hooks_.warn(std::string("torchtpu: could not load a cached executable (") + e.what() + "); recompiling it");
     disk_cache_remove(cache_dir_, key);

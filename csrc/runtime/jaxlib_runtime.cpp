@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -19,8 +20,15 @@ namespace {
 
 bool python_alive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
 
+// Ctrl-C while jaxlib ran (it polls for signals while compiling): the KeyboardInterrupt
+// goes on as it is (runtime.h), never reworded into a RuntimeError. Call with the GIL held.
+void pass_interrupt(py::error_already_set& e) {
+  if (e.matches(PyExc_KeyboardInterrupt)) throw;
+}
+
 // Converts a Python exception raised inside jaxlib into a C++ one that says what failed.
 [[noreturn]] void rethrow(const char* what, py::error_already_set& e) {
+  pass_interrupt(e);
   std::string message = e.what();
   if (message.find("RESOURCE_EXHAUSTED") != std::string::npos ||
       message.find("Out of memory") != std::string::npos ||
@@ -31,6 +39,48 @@ bool python_alive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
   }
   throw std::runtime_error(std::string("torchtpu: ") + what + " failed: " + message);
 }
+
+// Ctrl-C while XLA compiles: jaxlib polls for signals and abandons the compile, which
+// leaves its client broken (the process crashes at exit). So a compile runs to its end
+// with SIGINT noted by a stand-in handler; the user's handler comes back afterwards and a
+// noted interrupt is raised again (PyErr_SetInterruptEx): Python raises KeyboardInterrupt
+// at its next check, the executable is kept. Only the main thread receives signals; a
+// handler that is not a Python callable (SIG_IGN, SIG_DFL) is left alone. GIL held.
+class DeferredInterrupt {
+ public:
+  DeferredInterrupt() {
+    signal_ = py::module_::import("signal");
+    previous_ = signal_.attr("getsignal")(SIGINT);
+    if (!PyCallable_Check(previous_.ptr())) return;
+    auto noted = noted_;
+    py::cpp_function stand_in([noted](py::args) { *noted = true; });
+    try {
+      signal_.attr("signal")(SIGINT, stand_in);  // raises a SIGINT already pending: fine, nothing started
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_ValueError)) throw;  // ValueError: not the main thread
+      return;
+    }
+    active_ = true;
+  }
+  ~DeferredInterrupt() {
+    if (!active_) return;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);  // restoring must not disturb an error in flight
+    try {
+      signal_.attr("signal")(SIGINT, previous_);  // runs the stand-in for a signal still pending
+    } catch (py::error_already_set&) {
+    }
+    PyErr_Restore(type, value, traceback);
+    if (*noted_) PyErr_SetInterruptEx(SIGINT);
+  }
+  DeferredInterrupt(const DeferredInterrupt&) = delete;
+  DeferredInterrupt& operator=(const DeferredInterrupt&) = delete;
+
+ private:
+  py::object signal_, previous_;
+  std::shared_ptr<bool> noted_ = std::make_shared<bool>(false);
+  bool active_ = false;
+};
 
 struct JaxBuffer final : DeviceBuffer {
   py::object array;
@@ -121,6 +171,7 @@ class JaxlibRuntime final : public Runtime {
     try {
       py::list devices;
       devices.append(devices_[options.device]);
+      DeferredInterrupt defer;
       py::object exe =
           client_.attr("compile_and_load")(py::bytes(module_text), devices, compile_options(options));
       return std::make_shared<JaxExecutable>(std::move(exe));
@@ -239,6 +290,7 @@ class JaxlibRuntime final : public Runtime {
       py::list devices;
       devices.append(devices_[options.device]);
       py::object device_list = jax_module_.attr("DeviceList")(py::tuple(devices));
+      DeferredInterrupt defer;
       py::object exe =
           client_.attr("deserialize_executable")(py::bytes(bytes), device_list, compile_options(options));
       return std::make_shared<JaxExecutable>(std::move(exe));
@@ -329,7 +381,8 @@ void init_runtime(const std::string& requested_platform, int cpu_device_count) {
   py::module_ jax;
   try {
     jax = py::module_::import("jax");
-  } catch (py::error_already_set&) {
+  } catch (py::error_already_set& e) {
+    pass_interrupt(e);
     throw std::runtime_error(
         "torchtpu needs jax and jaxlib: pip install 'jax[cpu]==0.10.2' (add the CUDA or TPU "
         "plugin for those platforms)");
@@ -337,7 +390,8 @@ void init_runtime(const std::string& requested_platform, int cpu_device_count) {
   if (cpu_device_count > 1) {
     try {
       jax.attr("config").attr("update")("jax_num_cpu_devices", cpu_device_count);
-    } catch (py::error_already_set&) {
+    } catch (py::error_already_set& e) {
+      pass_interrupt(e);
       // The CPU client already exists; its device count is fixed.
     }
   }
@@ -347,7 +401,8 @@ void init_runtime(const std::string& requested_platform, int cpu_device_count) {
     try {
       bridge.attr("get_backend")(name);
       present.push_back(name);
-    } catch (py::error_already_set&) {
+    } catch (py::error_already_set& e) {
+      pass_interrupt(e);  // a platform that does not start is absent; Ctrl-C is not that
     }
   }
   auto is_present = [&](const std::string& p) {
