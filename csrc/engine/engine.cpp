@@ -241,7 +241,15 @@ void Engine::flush_locked(int device, FlushReason reason) {
                        {"device", static_cast<int64_t>(device)},
                        {"origin", graph.origin}}};
   });
-  run_graph(graph);
+  try {
+    run_graph(graph);
+  } catch (...) {
+    // A flush that fails (Ctrl-C in a compile, say) leaves its values pending: the next
+    // flush computes them.
+    for (const ValuePtr& root : graph.roots)
+      if (root->pending()) pending_.push_back(root);
+    throw;
+  }
 }
 
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {

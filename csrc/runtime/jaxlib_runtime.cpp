@@ -40,26 +40,31 @@ void pass_interrupt(py::error_already_set& e) {
   throw std::runtime_error(std::string("torchtpu: ") + what + " failed: " + message);
 }
 
-// Ctrl-C while XLA compiles: jaxlib polls for signals and abandons the compile, which
-// leaves its client broken (the process crashes at exit). So a compile runs to its end
-// with SIGINT noted by a stand-in handler; the user's handler comes back afterwards and a
-// noted interrupt is raised again (PyErr_SetInterruptEx): Python raises KeyboardInterrupt
-// at its next check, the executable is kept. Only the main thread receives signals; a
-// handler that is not a Python callable (SIG_IGN, SIG_DFL) is left alone. GIL held.
+// Ctrl-C while jaxlib works: it polls for signals and abandons a compile, which leaves
+// its client broken (the process crashes at exit), and an execute stopped between
+// consuming its donated inputs and handing back its results would lose the user's
+// tensors. So compiles and executes run to their end with SIGINT noted by a stand-in
+// handler; the user's handler comes back afterwards and a noted interrupt is raised again
+// (PyErr_SetInterruptEx): Python raises KeyboardInterrupt at its next check, at the start
+// of the next runtime call or in the user's code, with nothing half done. Only the main
+// thread receives signals; a handler that is not a Python callable (SIG_IGN, SIG_DFL) is
+// left alone. The GIL is held throughout.
 class DeferredInterrupt {
  public:
   DeferredInterrupt() {
-    signal_ = py::module_::import("signal");
-    previous_ = signal_.attr("getsignal")(SIGINT);
-    if (!PyCallable_Check(previous_.ptr())) return;
-    auto noted = noted_;
-    py::cpp_function stand_in([noted](py::args) { *noted = true; });
+    static py::object& getsignal = *new py::object(py::module_::import("signal").attr("getsignal"));
+    static py::object& setsignal = *new py::object(py::module_::import("signal").attr("signal"));
+    static py::object& stand_in = *new py::object(py::cpp_function([](py::args) { noted() = true; }));
+    setsignal_ = setsignal;
+    previous_ = getsignal(SIGINT);
+    if (!PyCallable_Check(previous_.ptr()) || previous_.is(stand_in)) return;  // ignored, or nested
     try {
-      signal_.attr("signal")(SIGINT, stand_in);  // raises a SIGINT already pending: fine, nothing started
+      setsignal(SIGINT, stand_in);  // raises a SIGINT already pending: fine, nothing started
     } catch (py::error_already_set& e) {
       if (!e.matches(PyExc_ValueError)) throw;  // ValueError: not the main thread
       return;
     }
+    noted() = false;
     active_ = true;
   }
   ~DeferredInterrupt() {
@@ -67,18 +72,21 @@ class DeferredInterrupt {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);  // restoring must not disturb an error in flight
     try {
-      signal_.attr("signal")(SIGINT, previous_);  // runs the stand-in for a signal still pending
+      setsignal_(SIGINT, previous_);  // runs the stand-in for a signal still pending
     } catch (py::error_already_set&) {
     }
     PyErr_Restore(type, value, traceback);
-    if (*noted_) PyErr_SetInterruptEx(SIGINT);
+    if (noted()) PyErr_SetInterruptEx(SIGINT);
   }
   DeferredInterrupt(const DeferredInterrupt&) = delete;
   DeferredInterrupt& operator=(const DeferredInterrupt&) = delete;
 
  private:
-  py::object signal_, previous_;
-  std::shared_ptr<bool> noted_ = std::make_shared<bool>(false);
+  static bool& noted() {
+    static bool value = false;  // main thread only, under the GIL
+    return value;
+  }
+  py::object setsignal_, previous_;
   bool active_ = false;
 };
 
@@ -186,6 +194,7 @@ class JaxlibRuntime final : public Runtime {
     try {
       py::list arrays(args.size());
       for (size_t i = 0; i < args.size(); ++i) arrays[i] = static_cast<JaxBuffer&>(*args[i]).array;
+      DeferredInterrupt defer;
       py::object results = static_cast<JaxExecutable&>(exe).exe.attr("execute_sharded")(arrays);
       py::list per_output = results.attr("disassemble_into_single_device_arrays")();
       if (per_output.size() != result_types.size())
