@@ -52,8 +52,8 @@ void pass_interrupt(py::error_already_set& e) {
 class DeferredInterrupt {
  public:
   DeferredInterrupt() {
-    static py::object& getsignal = *new py::object(py::module_::import("signal").attr("getsignal"));
-    static py::object& setsignal = *new py::object(py::module_::import("signal").attr("signal"));
+    static py::object& getsignal = *new py::object(py::module_::import("_signal").attr("getsignal"));
+    static py::object& setsignal = *new py::object(py::module_::import("_signal").attr("signal"));
     static py::object& stand_in = *new py::object(py::cpp_function([](py::args) { noted() = true; }));
     setsignal_ = setsignal;
     previous_ = getsignal(SIGINT);
