@@ -57,7 +57,10 @@ std::string python_origin() {
 void python_warn(const std::string& message) {
   if (!Py_IsInitialized()) return;
   py::gil_scoped_acquire gil;
-  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) PyErr_Clear();
+  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) {
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw py::error_already_set();  // Ctrl-C goes on
+    PyErr_Clear();  // a warnings filter set to "error": the warning is not worth an exception
+  }
 }
 
 // Waits (for the engine lock) with the GIL released if this thread holds it.
