@@ -45,6 +45,7 @@ bool record_raw_view(const c10::OperatorHandle& op, torch::jit::Stack* stack, bo
     c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset_with_ADInplaceOrView);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
   } catch (const std::exception&) {
+    rethrow_if_interrupt();
     return false;
   }
   std::vector<at::Tensor> views;

@@ -297,6 +297,7 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
       try {
         sig = infer_outputs(op, args);
       } catch (const std::exception&) {
+        rethrow_if_interrupt();  // Ctrl-C in a Python meta kernel is no reason to fall back
         // No meta kernel, a data-dependent shape (nonzero, x[mask]) or invalid arguments:
         // the CPU kernel runs it, or raises the same error CPU users see.
         return false;

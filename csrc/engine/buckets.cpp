@@ -378,9 +378,11 @@ std::string Engine::run_padded(Graph& g, BucketState::Structure& structure, cons
     pending_ops_ = 0;
     max_pending_ops_ = std::numeric_limits<int64_t>::max();
     bucket_depth_++;
+    std::exception_ptr interrupt;  // Ctrl-C: raised again once the engine's state is back
     try {
       run = hooks_.run_bucketed(request);
     } catch (const std::exception& e) {
+      if (is_interrupt(std::current_exception())) interrupt = std::current_exception();
       run = BucketRun{};
       std::string what = e.what();
       run.refused = "the padded graph could not be recorded: " + what.substr(0, what.find('\n'));
@@ -390,6 +392,7 @@ std::string Engine::run_padded(Graph& g, BucketState::Structure& structure, cons
     pending_ops_ = saved_ops;
     max_pending_ops_ = saved_max;
     pending_origin_ = saved_origin;
+    if (interrupt) std::rethrow_exception(interrupt);
   }
   request.params.clear();  // held references would keep the flush's inputs from being donated
   if (!run.refused.empty()) return run.refused;

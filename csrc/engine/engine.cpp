@@ -727,6 +727,7 @@ Engine::CompiledPtr Engine::compile_graph(Graph& g) {
 // ---- a failed flush: which op, and what is lost ------------------------------------------
 
 std::exception_ptr Engine::explain_failure(Graph& g, Stage stage, std::exception_ptr error) {
+  if (is_interrupt(error)) return error;  // Ctrl-C: no op is to blame
   if (stage == Stage::Running) {
     // The whole graph failed to run (out of memory, say). Its values stay pending, but a
     // donated argument may be gone with the failed execution: such a value can never be
@@ -799,6 +800,7 @@ bool Engine::compiles_alone(const std::vector<Node*>& nodes, int device, std::st
     runtime().compile(lower_graph(bag, &signature, &checks), options);
     return true;
   } catch (const std::exception& e) {
+    rethrow_if_interrupt();
     *message = e.what();
     return false;
   }
@@ -884,6 +886,7 @@ ExecutablePtr Engine::load_from_disk(Graph& g, const CacheKey& key) {
     metrics_.cache_hits_disk++;
     return exe;
   } catch (const std::exception& e) {
+    rethrow_if_interrupt();  // Ctrl-C while loading is not a damaged entry
     if (hooks_.warn)
       hooks_.warn(std::string("torchtpu: could not load a cached executable (") + e.what() + "); recompiling it");
     disk_cache_.remove(key);

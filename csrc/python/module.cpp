@@ -3,6 +3,7 @@
 #include <frameobject.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Event.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -60,7 +61,10 @@ std::string python_origin() {
 void python_warn(const std::string& message) {
   if (!Py_IsInitialized()) return;
   py::gil_scoped_acquire gil;
-  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) PyErr_Clear();
+  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) {
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw py::error_already_set();  // Ctrl-C goes on
+    PyErr_Clear();  // a warnings filter set to "error": the warning is not worth an exception
+  }
 }
 
 // Waits (for the engine lock) with the GIL released if this thread holds it.
@@ -71,6 +75,26 @@ void without_gil(const std::function<void()>& wait) {
     PyEval_RestoreThread(state);
   } else {
     wait();
+  }
+}
+
+// Whether `error` is a KeyboardInterrupt raised in Python code that C++ called: pybind11's
+// error_already_set (jaxlib, hooks) or torch's python_error (Python kernels such as meta
+// kernels). Reads only the exception's type, so it needs no GIL (callers may hold the
+// engine lock).
+bool is_keyboard_interrupt(const std::exception_ptr& error) {
+  auto is_interrupt_type = [](PyObject* type) {
+    return type && PyType_Check(type) &&
+           PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type), reinterpret_cast<PyTypeObject*>(PyExc_KeyboardInterrupt));
+  };
+  try {
+    std::rethrow_exception(error);
+  } catch (const py::error_already_set& e) {
+    return is_interrupt_type(e.type().ptr());
+  } catch (const python_error& e) {
+    return is_interrupt_type(e.type);
+  } catch (...) {
+    return false;
   }
 }
 
@@ -127,6 +151,16 @@ PYBIND11_MODULE(_C, m) {
   Engine::get().hooks().python_origin = python_origin;
   Engine::get().hooks().warn = python_warn;
   Engine::get().hooks().without_gil = without_gil;
+  set_interrupt_test(is_keyboard_interrupt);
+  // torch's python_error (a Python kernel's exception) raised out of a function of this
+  // module is that Python exception again, KeyboardInterrupt included, not a RuntimeError.
+  py::register_local_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (python_error& e) {
+      e.restore();
+    }
+  });
   init_buckets(m);
 
   m.def("configure", [](const std::string& platform, int cpu_devices, int local_rank, int local_world_size) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -24,8 +25,15 @@ namespace {
 
 bool python_alive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
 
+// Ctrl-C while jaxlib ran (it polls for signals while compiling): the KeyboardInterrupt
+// goes on as it is (runtime.h), never reworded into a RuntimeError. Call with the GIL held.
+void pass_interrupt(py::error_already_set& e) {
+  if (e.matches(PyExc_KeyboardInterrupt)) throw;
+}
+
 // Converts a Python exception raised inside jaxlib into a C++ one that says what failed.
 [[noreturn]] void rethrow(const char* what, py::error_already_set& e) {
+  pass_interrupt(e);
   std::string message = e.what();
   if (message.find("RESOURCE_EXHAUSTED") != std::string::npos ||
       message.find("Out of memory") != std::string::npos ||
@@ -36,6 +44,56 @@ bool python_alive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
   }
   throw std::runtime_error(std::string("torchtpu: ") + what + " failed: " + message);
 }
+
+// Ctrl-C while jaxlib works: it polls for signals and abandons a compile, which leaves
+// its client broken (the process crashes at exit), and an execute stopped between
+// consuming its donated inputs and handing back its results would lose the user's
+// tensors. So compiles and executes run to their end with SIGINT noted by a stand-in
+// handler; the user's handler comes back afterwards and a noted interrupt is raised again
+// (PyErr_SetInterruptEx): Python raises KeyboardInterrupt at its next check, at the start
+// of the next runtime call or in the user's code, with nothing half done. Only the main
+// thread receives signals; a handler that is not a Python callable (SIG_IGN, SIG_DFL) is
+// left alone. The GIL is held throughout.
+class DeferredInterrupt {
+ public:
+  DeferredInterrupt() {
+    static py::object& getsignal = *new py::object(py::module_::import("_signal").attr("getsignal"));
+    static py::object& setsignal = *new py::object(py::module_::import("_signal").attr("signal"));
+    static py::object& stand_in = *new py::object(py::cpp_function([](py::args) { noted() = true; }));
+    setsignal_ = setsignal;
+    previous_ = getsignal(SIGINT);
+    if (!PyCallable_Check(previous_.ptr()) || previous_.is(stand_in)) return;  // ignored, or nested
+    try {
+      setsignal(SIGINT, stand_in);  // raises a SIGINT already pending: fine, nothing started
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_ValueError)) throw;  // ValueError: not the main thread
+      return;
+    }
+    noted() = false;
+    active_ = true;
+  }
+  ~DeferredInterrupt() {
+    if (!active_) return;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);  // restoring must not disturb an error in flight
+    try {
+      setsignal_(SIGINT, previous_);  // runs the stand-in for a signal still pending
+    } catch (py::error_already_set&) {
+    }
+    PyErr_Restore(type, value, traceback);
+    if (noted()) PyErr_SetInterruptEx(SIGINT);
+  }
+  DeferredInterrupt(const DeferredInterrupt&) = delete;
+  DeferredInterrupt& operator=(const DeferredInterrupt&) = delete;
+
+ private:
+  static bool& noted() {
+    static bool value = false;  // main thread only, under the GIL
+    return value;
+  }
+  py::object setsignal_, previous_;
+  bool active_ = false;
+};
 
 struct JaxBuffer final : DeviceBuffer {
   py::object array;
@@ -130,6 +188,7 @@ class JaxlibRuntime final : public Runtime {
     try {
       py::list devices;
       devices.append(local_device(options.device));
+      DeferredInterrupt defer;
       py::object exe =
           client_.attr("compile_and_load")(py::bytes(module_text), devices, compile_options(options));
       return std::make_shared<JaxExecutable>(std::move(exe));
@@ -144,6 +203,7 @@ class JaxlibRuntime final : public Runtime {
     try {
       py::list arrays(args.size());
       for (size_t i = 0; i < args.size(); ++i) arrays[i] = static_cast<JaxBuffer&>(*args[i]).array;
+      DeferredInterrupt defer;
       py::object results = static_cast<JaxExecutable&>(exe).exe.attr("execute_sharded")(arrays);
       py::list per_output = results.attr("disassemble_into_single_device_arrays")();
       if (per_output.size() != result_types.size())
@@ -257,7 +317,8 @@ class JaxlibRuntime final : public Runtime {
         py::dict d = stats;
         if (d.contains("bytes_limit")) return d["bytes_limit"].cast<int64_t>();
       }
-    } catch (py::error_already_set&) {
+    } catch (py::error_already_set& e) {
+      pass_interrupt(e);
       // No allocator statistics on this platform: the host's memory below.
     }
     return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
@@ -271,7 +332,8 @@ class JaxlibRuntime final : public Runtime {
                        stats.attr("temp_size_in_bytes").cast<int64_t>() -
                        stats.attr("alias_size_in_bytes").cast<int64_t>();
       return needed > 0 ? needed : 0;
-    } catch (py::error_already_set&) {
+    } catch (py::error_already_set& e) {
+      pass_interrupt(e);
       return 0;  // the platform does not report it
     }
   }
@@ -301,6 +363,7 @@ class JaxlibRuntime final : public Runtime {
       py::list devices;
       devices.append(local_device(options.device));
       py::object device_list = jax_module_.attr("DeviceList")(py::tuple(devices));
+      DeferredInterrupt defer;
       py::object exe =
           client_.attr("deserialize_executable")(py::bytes(bytes), device_list, compile_options(options));
       return std::make_shared<JaxExecutable>(std::move(exe));
@@ -470,7 +533,8 @@ std::unique_lock<std::mutex> lock_runtime_mutex() {
 py::module_ import_jax() {
   try {
     return py::module_::import("jax");
-  } catch (py::error_already_set&) {
+  } catch (py::error_already_set& e) {
+    pass_interrupt(e);
     throw std::runtime_error(
         "torchtpu needs jax and jaxlib: pip install 'jax[cpu]==0.10.2' (add the CUDA or TPU "
         "plugin for those platforms)");
@@ -483,7 +547,8 @@ Runtime* start_runtime_locked() {
   if (g_settings.cpu_device_count > 1 && g_settings.layout.local_world_size == 0) {
     try {
       jax.attr("config").attr("update")("jax_num_cpu_devices", g_settings.cpu_device_count);
-    } catch (py::error_already_set&) {
+    } catch (py::error_already_set& e) {
+      pass_interrupt(e);
       // The CPU client already exists; its device count is fixed.
     }
   }
@@ -493,7 +558,8 @@ Runtime* start_runtime_locked() {
     try {
       bridge.attr("get_backend")(name);
       present.push_back(name);
-    } catch (py::error_already_set&) {
+    } catch (py::error_already_set& e) {
+      pass_interrupt(e);  // a platform that does not start is absent; Ctrl-C is not that
     }
   }
   auto is_present = [&](const std::string& p) {

@@ -27,7 +27,20 @@ void adopt(Runtime* runtime) {
   static std::once_flag watching;
   std::call_once(watching, [] { pthread_atfork(nullptr, nullptr, mark_forked); });
 }
+std::atomic<InterruptTest> g_interrupt_test{nullptr};
 }  // namespace
+
+void set_interrupt_test(InterruptTest test) { g_interrupt_test.store(test); }
+
+bool is_interrupt(const std::exception_ptr& error) {
+  InterruptTest test = g_interrupt_test.load();
+  return error && test && test(error);
+}
+
+void rethrow_if_interrupt() {
+  std::exception_ptr current = std::current_exception();
+  if (is_interrupt(current)) std::rethrow_exception(current);
+}
 
 void install_runtime(Runtime* runtime) {
   Runtime* expected = nullptr;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <functional>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,6 +21,18 @@ namespace torchtpu {
 struct DeviceOutOfMemory : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Ctrl-C: a KeyboardInterrupt raised in Python code that C++ called (jaxlib, a Python meta
+// kernel, a hook) travels up as the Python exception it is, untouched, and Python sees it
+// again at the boundary. Code that catches std::exception to recover (fall back, retry,
+// warn) calls rethrow_if_interrupt() first in its handler, so that Ctrl-C is never
+// swallowed or reworded. Which exceptions are interrupts is known only where Python is:
+// the extension module installs the test (without it nothing is an interrupt).
+using InterruptTest = bool (*)(const std::exception_ptr&);
+void set_interrupt_test(InterruptTest test);
+bool is_interrupt(const std::exception_ptr& error);
+// Inside a catch block: rethrows the exception being handled when it is an interrupt.
+void rethrow_if_interrupt();
 
 // How a module is compiled: which device its executable runs on, and for a module with
 // collectives the global device ids of its replicas in replica order (a process group's
