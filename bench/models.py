@@ -140,6 +140,13 @@ class GPT(nn.Module):
         self.lm_head.weight = self.tok_emb.weight
         return self
 
+    def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The transformer blocks in order; a benchmark may replace this per instance (the
+        scanned GPT of bench/run.py runs them as one loop)."""
+        for block in self.blocks:
+            x = block(x)
+        return x
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -154,8 +161,7 @@ class GPT(nn.Module):
         assert T <= self.cfg.block_size, f"sequence length {T} > block_size {self.cfg.block_size}"
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
-        for block in self.blocks:
-            x = block(x)
+        x = self.run_blocks(x)
         logits = self.lm_head(self.ln_f(x))
         loss = None
         if targets is not None:

@@ -18,6 +18,8 @@ Besides the table it measures
   * first-step latency in fresh subprocesses: cold (empty TORCHTPU_CACHE_DIR),
     then warm (same directory, now filled by the cold run),
   * LM scaling: step and compile time as layers double and as batch doubles,
+  * depth-flat compiles: the GPT at 2/4/8 layers with its blocks unrolled vs run as one loop
+    (torchtpu.scan_layers), compile and step time side by side,
   * per-op overhead: 10,000 small adds in strict mode vs host eager, and the
     fused-mode tracing cost per op,
   * input pipeline: large images through a small CNN, uploading in the loop vs
@@ -70,7 +72,7 @@ from models import (GPT, GPTConfig, ResNet, ResNetConfig, count_params, make_ima
 ALL_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile", "eager", "inductor", "jax")
 TPU_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile")
 ALL_MODELS = ("gpt", "resnet")
-ALL_SECTIONS = ("main", "firststep", "scaling", "perop", "input", "distributed")
+ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "input", "distributed")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -184,6 +186,9 @@ class TorchRunner:
         self.base_mem = self.memory()
         with self.ctx():
             self.model = make_torch_model(setup, self.device, dtype)
+            if setup.get("scan"):  # the blocks as one loop (bench section "scan")
+                model, scan_layers = self.model, torchtpu.scan_layers
+                model.run_blocks = lambda x: scan_layers(model.blocks, x)
             self.opt = make_optimizer(self.model)
             self.batches = make_batches(setup, self.device, dtype)
             if variant == "tpu-compile":
@@ -514,6 +519,49 @@ def run_scaling(setups, args, torchtpu, main_results):
     return rows
 
 
+def run_scan(setups, args, torchtpu):
+    """The GPT at 2/4/8 layers, blocks unrolled vs scanned (torchtpu.scan_layers), fused mode.
+    Per depth the two run back to back, so each pair shares the machine's state."""
+    base = setups["gpt"]
+    rows = []
+    for layers in (2, 4, 8):
+        for scanned in (False, True):
+            setup = dict(base, cfg=base["cfg"].replace(n_layer=layers), scan=scanned)
+            name = "scanned" if scanned else "unrolled"
+            print(f"  gpt fused layers={layers:2d} {name:8s} ...", end=" ", flush=True)
+            try:
+                r = run_single("tpu-fused", setup, args, torchtpu, warmup=1, repeats=max(3, args.repeats // 2))
+                print(f"step {r['median_step_s'] * 1e3:.1f} ms, compile {r['compile_s_total']:.2f} s, "
+                      f"first step {r['first_step_s']:.2f} s, loss {r['final_loss']:.4f}", flush=True)
+            except Exception as exc:
+                r = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                print("FAILED", r["error"], flush=True)
+            rows.append(dict(layers=layers, scanned=scanned, median_step_s=r.get("median_step_s"),
+                             compile_s=r.get("compile_s_total"), first_step_s=r.get("first_step_s"),
+                             final_loss=r.get("final_loss"), error=r.get("error")))
+    return rows
+
+
+def scan_table(rows):
+    by = {(r["layers"], r["scanned"]): r for r in rows}
+    out = []
+    for (layers, scanned), r in sorted(by.items()):
+        prev = by.get((layers // 2, scanned))
+        grow = (f"{r['compile_s'] / prev['compile_s']:.2f}x"
+                if prev and r.get("compile_s") and prev.get("compile_s") else "")
+        other = by.get((layers, not scanned))
+        step_ratio = (f"{r['median_step_s'] / other['median_step_s']:.2f}x"
+                      if scanned and other and r.get("median_step_s") and other.get("median_step_s") else "")
+        ms = lambda v: f"{v * 1e3:.1f}" if v else ""  # noqa: E731
+        out.append([layers, "scanned" if scanned else "unrolled",
+                    ms(r.get("median_step_s")) or r.get("error") or "", step_ratio,
+                    f"{r['compile_s']:.2f}" if r.get("compile_s") is not None else "", grow,
+                    f"{r['first_step_s']:.2f}" if r.get("first_step_s") else "",
+                    f"{r['final_loss']:.4f}" if r.get("final_loss") is not None else ""])
+    return markdown_table(["layers", "blocks", "step ms", "step scanned/unrolled", "compile s (all graphs)",
+                           "compile(2x depth)/compile(depth)", "first step s", "final loss"], out)
+
+
 # --------------------------------------------------------------------------
 # Per-op overhead
 # --------------------------------------------------------------------------
@@ -746,7 +794,7 @@ def versions(torchtpu):
 
 
 def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final, input_pipeline=None,
-         distributed=None):
+         distributed=None, scan=None):
     """Builds the report; prints it when final; writes the .json/.md (and .png when final).
     Called after every variant too, so a run killed by a timeout keeps what it measured."""
     if True:
@@ -773,6 +821,9 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
                          first_step_table(first_steps), ""]
         if scaling:
             sections += ["## LM scaling (fused)\n", scaling_table(scaling), ""]
+        if scan:
+            sections += ["## Depth-flat compiles: GPT blocks unrolled vs torchtpu.scan_layers (fused)\n",
+                         scan_table(scan), ""]
         if perop:
             sections += ["## Per-op overhead\n", perop_table(perop), ""]
         if input_pipeline:
@@ -791,7 +842,7 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
             meta["total_s"] = time.perf_counter() - t_begin
             header = (f"# torchtpu benchmarks: platform {platform}, size {size}\n\n"
                       f"{time.strftime('%Y-%m-%d %H:%M')}; " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n")
-            payload = dict(results=results, targets=trows, first_steps=first_steps, scaling=scaling,
+            payload = dict(results=results, targets=trows, first_steps=first_steps, scaling=scaling, scan=scan,
                            perop=perop, input_pipeline=input_pipeline, distributed=distributed, loss_check=loss_check)
             name = f"{platform}-{args.tag}" if args.tag else platform
             jpath = write_results(name, [payload], meta=meta)
@@ -843,12 +894,12 @@ def main(argv=None):
         if m not in ALL_MODELS:
             ap.error(f"unknown model {m!r}")
 
-    need_tpu = any(v in TPU_VARIANTS for v in variants) or not {"firststep", "scaling", "perop", "input",
+    need_tpu = any(v in TPU_VARIANTS for v in variants) or not {"firststep", "scaling", "scan", "perop", "input",
                                                                  "distributed"} <= skip
     torchtpu = load_torchtpu() if need_tpu else None
     if torchtpu is None:
         variants = [v for v in variants if v not in TPU_VARIANTS]
-        skip |= {"firststep", "scaling", "input", "distributed"}
+        skip |= {"firststep", "scaling", "scan", "input", "distributed"}
     if torchtpu is not None:
         platform = torchtpu.platform()
     elif "jax" in variants:
@@ -866,7 +917,7 @@ def main(argv=None):
                                                       if k in ("torch", "jax", "jaxlib", "gpu")))
 
     setups = model_setups(size, args.batch)
-    results, first_steps, scaling, perop, input_pipeline, distributed = [], [], [], None, None, None
+    results, first_steps, scaling, perop, input_pipeline, distributed, scan = [], [], [], None, None, None, []
     if "main" not in skip:
         print("\n== training steps, side by side ==")
         results = run_main(models, variants, setups, args, torchtpu,
@@ -893,13 +944,16 @@ def main(argv=None):
     if "scaling" not in skip and "gpt" in setups:
         print("\n== LM scaling (fused) ==")
         scaling = run_scaling(setups, args, torchtpu, results)
+    if "scan" not in skip and "gpt" in setups and torchtpu is not None:
+        print("\n== depth-flat compiles: unrolled vs scanned blocks (fused) ==")
+        scan = run_scan(setups, args, torchtpu)
     if "firststep" not in skip:
         print("\n== first step in fresh processes: cold cache, then warm cache ==")
         specs = [s for s in args.firststep.split(",") if s and s.split(":")[0] in models]
         first_steps = run_first_steps(specs, args)
 
     emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final=True,
-         input_pipeline=input_pipeline, distributed=distributed)
+         input_pipeline=input_pipeline, distributed=distributed, scan=scan)
     if _OWN_CACHE:
         import shutil
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)

@@ -206,6 +206,20 @@ def test_resnet_over_batch_sizes_keeps_batch_norm_statistics_real():
     assert max(b["padded_runs"] for b in metrics.buckets()) == len(sizes) - 2
 
 
+def test_new_graph_structures_at_one_line_are_not_a_storm():
+    def f(x, depth):
+        for _ in range(depth):  # each depth is another graph, at the same sizes and line
+            x = x * 2 + 1
+        return x
+
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for depth in range(1, 13):  # more graphs than the storm guard allows (8)
+            torch.testing.assert_close(f(x.to("tpu"), depth).cpu(), f(x, depth))
+    assert not [w for w in caught if "recompilation storm" in str(w.message)]
+
+
 def test_ops_without_a_rule_run_at_exact_sizes_and_a_storm_is_warned_once():
     def f(x):
         return torch.cumsum(x, dim=1) * 2  # no padding rule: a cumsum along the padded dimension

@@ -332,7 +332,7 @@ bool Engine::run_bucketed(Graph& g) {
     structure.padded_runs++;
     return true;
   }
-  note_exact_graph(g, structure, refused);
+  note_exact_graph(g, structure, refused, /*sizes_differ=*/!fresh);
   return false;
 }
 
@@ -428,9 +428,12 @@ std::string Engine::run_padded(Graph& g, BucketState::Structure& structure, cons
 
 // An exact-size graph will be compiled for this flush: counted per origin, warned about once
 // when one line keeps compiling graphs for new sizes.
-void Engine::note_exact_graph(const Graph& g, BucketState::Structure& structure, const std::string& reason) {
+void Engine::note_exact_graph(const Graph& g, BucketState::Structure& structure, const std::string& reason,
+                              bool sizes_differ) {
   structure.exact_graphs++;
   structure.exact_reason = reason;
+  // A graph of a new structure is not a storm; one compiled again for other sizes is.
+  if (!sizes_differ) return;
   int64_t count = ++buckets_->exact_graphs_by_origin[g.origin];
   if (count > kStormWarningGraphs && !g.origin.empty() && buckets_->warned_origins.insert(g.origin).second &&
       hooks_.warn)

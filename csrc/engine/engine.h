@@ -70,8 +70,10 @@ class Engine {
 
   // Records an op on device tensors and returns its outputs: computed now in debug/strict
   // mode, pending (computed at the next flush) in fused mode.
+  // `body` is the traced function of a structured op (torchtpu::scan).
   std::vector<ValuePtr> record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
-                               std::vector<TensorType> outputs, int device);
+                               std::vector<TensorType> outputs, int device,
+                               std::shared_ptr<const Subgraph> body = nullptr);
   ValuePtr from_buffer(BufferPtr buffer);
   // Runs the pending work that computes a value (an observation point): it then has a
   // buffer, or only a padded one (value->padded) when a bucketed graph computed it.
@@ -164,6 +166,17 @@ class Engine {
   ExportedModule lower_for_export(const std::vector<ValuePtr>& weights, const std::vector<ValuePtr>& inputs,
                                   const std::vector<ValuePtr>& roots, int device);
 
+  // ---- tracing a body for a structured op (torchtpu.scan_layers) -----------------------
+  // Between begin_body and end_body, recorded ops build a Subgraph in every mode: they
+  // neither run nor join the pending graph. Reading such a value on the host is an error.
+  void begin_body();
+  // A placeholder input of the body being traced (inputs are numbered in creation order).
+  ValuePtr body_input(const TensorType& type, int device);
+  // The traced function from the placeholders to `outputs`; ends the trace.
+  std::shared_ptr<const Subgraph> end_body(const std::vector<ValuePtr>& outputs);
+  void abort_body();
+  bool in_body() const { return in_body_; }
+
  private:
   // The steps of running a graph (run_graph), in order.
   void plan_donation(Graph& graph);
@@ -193,7 +206,8 @@ class Engine {
   bool run_bucketed(Graph& graph);
   std::string run_padded(Graph& graph, BucketState::Structure& structure, const std::vector<int64_t>& sizes,
                          const std::vector<SizeSlot>& slots);
-  void note_exact_graph(const Graph& graph, BucketState::Structure& structure, const std::string& reason);
+  void note_exact_graph(const Graph& graph, BucketState::Structure& structure, const std::string& reason,
+                        bool sizes_differ);
   bool unpad_params(Graph& graph);
   void compute_unpadded(const ValuePtr& value);
   std::shared_ptr<BucketState> buckets_ = std::make_shared<BucketState>();
@@ -224,6 +238,10 @@ class Engine {
   std::vector<double> memory_fraction_;
   std::unordered_map<uint64_t, NodeFacts> node_facts_;
   CheckQueue checks_;
+
+  bool in_body_ = false;
+  uint64_t body_first_serial_ = 0;
+  std::vector<ValuePtr> body_inputs_;
 
   std::atomic<Mode> mode_{Mode::Fused};
   std::recursive_mutex mutex_;

@@ -42,6 +42,7 @@ uint64_t hash_node(const Node& node) {
   }
   for (const ValuePtr& v : node.operands) h = hash_type(h, v->type);
   for (const TensorType& t : node.outputs) h = hash_type(h, t);
+  if (node.body) h = hash_mix(h, node.body->hash);
   return h;
 }
 

@@ -54,6 +54,7 @@ struct Arg {
 
 struct Value;
 using ValuePtr = std::shared_ptr<Value>;
+struct Subgraph;
 
 // A value computed at a bucket's sizes (a fused graph run padded, engine/buckets.h): the
 // buffer holds the real elements with zeros around them. Per dimension, its factors
@@ -73,7 +74,7 @@ struct Node {
   std::vector<Arg> args;
   std::vector<ValuePtr> operands;
   std::vector<TensorType> outputs;
-  uint64_t hash = 0;   // op, static args, operand and output types; not operand identity
+  uint64_t hash = 0;   // op, static args, operand and output types, body; not operand identity
   int device = 0;
   // The user's Python line that issued the op, kept where an error may surface after
   // recording: ops with runtime checks, and the first op of each signature (the only
@@ -82,6 +83,8 @@ struct Node {
   // Set when the node failed to compile alone (found after its graph failed): values that
   // depend on it can never be computed, and reading them raises this.
   std::exception_ptr error;
+  // The traced function a structured op (torchtpu::scan) calls; null for aten ops.
+  std::shared_ptr<const Subgraph> body;
   ~Node();  // releases its operands' node_uses
 };
 using NodePtr = std::shared_ptr<Node>;
@@ -112,6 +115,17 @@ struct Value {
 
   bool pending() const { return node != nullptr; }
   bool padded_only() const { return !node && !buffer && padded; }
+};
+
+// A function traced once and called by a structured op (torchtpu::scan, see
+// lowering/scan.cpp): its nodes in topological order read `inputs` (placeholder values made
+// for the trace) and `captured` (values from outside the trace, passed in unchanged).
+struct Subgraph {
+  std::vector<ValuePtr> inputs;
+  std::vector<ValuePtr> captured;
+  std::vector<NodePtr> nodes;
+  std::vector<ValuePtr> outputs;
+  uint64_t hash = 0;  // structure: node hashes, wiring, input and captured types
 };
 
 uint64_t hash_node(const Node& node);

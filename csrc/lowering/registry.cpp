@@ -68,4 +68,13 @@ std::vector<std::string> lowered_ops() {
   return names;
 }
 
+std::vector<V> lower_node(LoweringContext& ctx, const Node& node, std::vector<V> operands,
+                          std::vector<int> lifted_slots) {
+  const LoweringRule* rule = find_lowering(node.op);
+  if (!rule) throw std::logic_error("torchtpu: no lowering for " + node.op.name());
+  ctx.begin_node(node, std::move(operands), std::move(lifted_slots));
+  rule->lower(ctx, node);
+  return ctx.finish_node(node);
+}
+
 }  // namespace torchtpu

@@ -5,10 +5,9 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "stablehlo/builder.h"
 
 namespace torchtpu {
-
-class LoweringContext;
 
 using LowerFn = void (*)(LoweringContext& ctx, const Node& node);
 
@@ -42,6 +41,11 @@ const LoweringRule* find_lowering(OpKind kind);
 // The family parameter of the node's rule (LOWERING's third argument), or nullptr.
 const char* rule_data(const Node& node);
 std::vector<std::string> lowered_ops();
+
+// Lowers one node with its rule (operands already lowered; lifted_slots: per argument, its
+// slot in the scalar packs or -1) and returns its results, checked against node.outputs.
+std::vector<V> lower_node(LoweringContext& ctx, const Node& node, std::vector<V> operands,
+                          std::vector<int> lifted_slots);
 
 struct RegisterLowering {
   RegisterLowering(const char* op, LowerFn fn, const char* data = nullptr, bool static_scalars = false,

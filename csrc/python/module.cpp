@@ -15,6 +15,7 @@
 #include "device/memory.h"
 #include "device/snapshot.h"
 #include "device/profiler.h"
+#include "device/scan.h"
 #include "device/tensor.h"
 #include "distributed/backend.h"
 #include "engine/engine.h"
@@ -384,4 +385,24 @@ PYBIND11_MODULE(_C, m) {
     for (const at::Tensor& t : graph.constants) constants.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
     return py::make_tuple(graph.text, constants);
   });
+
+  // ---- structured loops (device/scan.h, torchtpu/scan.py) ------------------------------------
+  py::class_<Subgraph, std::shared_ptr<Subgraph>>(m, "_ScanBody")
+      .def("__repr__", [](const Subgraph& b) {
+        return "<scan body: " + std::to_string(b.inputs.size()) + " inputs, " + std::to_string(b.captured.size()) +
+               " captured, " + std::to_string(b.nodes.size()) + " ops, " + std::to_string(b.outputs.size()) +
+               " outputs>";
+      });
+  m.def("scan_body_begin", &scan_body_begin, py::call_guard<py::gil_scoped_release>());
+  m.def("scan_body_abort", &scan_body_abort, py::call_guard<py::gil_scoped_release>());
+  m.def("scan_body_input", [](const std::vector<int64_t>& shape, at::ScalarType dtype, int device) {
+    return scan_body_input(shape, dtype, device);
+  });
+  m.def("scan_body_end", [](const std::vector<at::Tensor>& outputs) {
+    return std::const_pointer_cast<Subgraph>(scan_body_end(outputs));
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("scan", [](const std::shared_ptr<Subgraph>& body, const std::vector<at::Tensor>& carry,
+                   const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& consts, int64_t length,
+                   bool reverse) { return scan(body, carry, xs, consts, length, reverse); },
+        py::call_guard<py::gil_scoped_release>());
 }
