@@ -52,7 +52,7 @@ struct JaxExecutable final : Executable {
   // disassemble_into_single_device_arrays would build each result's sharding in Python on
   // every launch.
   py::object execute_sharded;
-  py::list result_handlers;
+  py::object result_handlers;  // a list, once has_handlers
   bool has_handlers = false;
   explicit JaxExecutable(py::object e) : exe(std::move(e)) { execute_sharded = exe.attr("execute_sharded"); }
   ~JaxExecutable() override {
@@ -65,7 +65,7 @@ struct JaxExecutable final : Executable {
     py::gil_scoped_acquire gil;
     exe = py::object();
     execute_sharded = py::object();
-    result_handlers = py::list();
+    result_handlers = py::object();  // members die after the GIL is released: empty them here
   }
 };
 
