@@ -768,7 +768,7 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
                          "Final loss after " f"{1 + args.warmup + args.repeats} identical steps; spread per model: "
                          + ", ".join(f"{m} {d['spread']:.2e}" for m, d in loss_check.items()), "",
                          "### torchtpu counters per timed step\n", counters_table(results), ""]
-        if trows:
+        if any(t["status"] != "n/a" for t in trows):  # a partial run (--only) measures none
             sections += ["## Targets\n", targets_table(trows), ""]
         if first_steps:
             sections += ["## First step in a fresh process (cold cache, then warm disk cache)\n",
