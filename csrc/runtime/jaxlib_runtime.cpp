@@ -102,6 +102,8 @@ class JaxlibRuntime final : public Runtime {
   JaxlibRuntime(py::object client, std::string platform) : client_(std::move(client)), platform_(std::move(platform)) {
     xla_client_ = py::module_::import("jax._src.lib").attr("xla_client");
     jax_module_ = py::module_::import("jax._src.lib").attr("_jax");
+    // Looked up once: attr("name") per launch would build the name's Python string each time.
+    consume_with_handlers_ = jax_module_.attr("ExecuteResults").attr("consume_with_handlers");
     devices_ = client_.attr("local_devices")().cast<py::list>();
     py::object version = py::module_::import("jaxlib.version").attr("__version__");
     version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
@@ -148,7 +150,7 @@ class JaxlibRuntime final : public Runtime {
       py::list arrays(args.size());
       for (size_t i = 0; i < args.size(); ++i) arrays[i] = static_cast<JaxBuffer&>(*args[i]).array;
       py::object results = jax_exe.execute_sharded(arrays);
-      py::list per_output = jax_exe.has_handlers ? py::list(results.attr("consume_with_handlers")(jax_exe.result_handlers))
+      py::list per_output = jax_exe.has_handlers ? py::list(consume_with_handlers_(results, jax_exe.result_handlers))
                                                  : first_results(jax_exe, results);
       if (per_output.size() != result_types.size())
         throw std::runtime_error("torchtpu: executable returned an unexpected number of results");
@@ -292,6 +294,7 @@ class JaxlibRuntime final : public Runtime {
   py::object numpy_;
   py::object host_device_;
   py::object device_put_;
+  py::object consume_with_handlers_;
   py::list devices_;
   std::string platform_;
   std::string version_;
