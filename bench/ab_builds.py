@@ -22,7 +22,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KEYS = {"perop": ["strict_wall_us", "strict_cpu_us", "fused_wall_us", "fused_cpu_us"],
+KEYS = {"perop": ["strict_wall_us", "strict_cpu_us", "fused_wall_us", "fused_cpu_us", "eager_wall_us",
+                  "strict_over_eager"],
         "gpt": ["median_step_s", "min_step_s", "min_cpu_s"],
         "resnet": ["median_step_s", "min_step_s", "min_cpu_s"]}
 
@@ -42,6 +43,15 @@ def measure(what: str) -> dict:
             for _ in range(n):
                 c = a + b
             return c
+        # PyTorch CPU eager on the same add, in the same process: the per-op floor compared to.
+        ca, cb = a.cpu(), b.cpu()
+        walls = []
+        for _ in range(4):  # the first pass warms up
+            w = time.perf_counter()
+            for _ in range(n):
+                c = ca + cb
+            walls.append((time.perf_counter() - w) / n * 1e6)
+        out["eager_wall_us"] = min(walls[1:])
         for mode in ("strict", "fused"):
             with torchtpu.mode(mode):
                 loop().cpu()
@@ -54,6 +64,7 @@ def measure(what: str) -> dict:
                     cpus.append((time.process_time() - c) / n * 1e6)
                 out[mode + "_wall_us"], out[mode + "_cpu_us"] = min(walls), min(cpus)
                 torchtpu.sync(wait=True)
+        out["strict_over_eager"] = out["strict_wall_us"] / out["eager_wall_us"]
         return out
     setup = bench.model_setups("small", None)[what]
     runner = bench.make_runner("tpu-fused", setup, torchtpu)

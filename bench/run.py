@@ -26,6 +26,9 @@ Besides the table it measures
     torchtpu.data.DeviceLoader(prefetch=2) (bench/input_pipeline.py; runs alone too),
   * distributed: DDP and FSDP2 steps under torchrun, 2 processes vs 1 (executables and
     host bytes per step; bench/distributed.py, runs alone too),
+  * varying lengths: a small causal LM trained in fused mode over 40 random sequence
+    lengths, TORCHTPU_BUCKETS=pow2 vs off, each in a fresh process with an empty cache
+    (bench/varlen.py; runs alone too),
 and prints every ratio against its target (pass/miss).
 
 Writes bench/results/<platform>.json, .md and .png.
@@ -33,6 +36,7 @@ Writes bench/results/<platform>.json, .md and .png.
     python bench/run.py                         # sizes chosen from the platform
     python bench/run.py --size small --repeats 5
     python bench/run.py --variants tpu-fused,eager --models gpt --skip scaling,firststep
+    python bench/run.py --only varlen               # one section alone
 """
 
 from __future__ import annotations
@@ -66,13 +70,14 @@ import torch  # noqa: E402
 from common import RESULTS_DIR, markdown_table, results_path, write_results  # noqa: E402
 from distributed import distributed_table, run_distributed  # noqa: E402
 from input_pipeline import input_table, run_input  # noqa: E402
+from varlen import run_varlen, varlen_table  # noqa: E402
 from models import (GPT, GPTConfig, ResNet, ResNetConfig, count_params, make_image_batch,  # noqa: E402
                     make_lm_batch, make_optimizer, train_step)
 
 ALL_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile", "eager", "inductor", "jax")
 TPU_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile")
 ALL_MODELS = ("gpt", "resnet")
-ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "input", "distributed")
+ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "input", "distributed", "varlen")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -794,7 +799,7 @@ def versions(torchtpu):
 
 
 def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final, input_pipeline=None,
-         distributed=None, scan=None):
+         distributed=None, scan=None, varlen=None):
     """Builds the report; prints it when final; writes the .json/.md (and .png when final).
     Called after every variant too, so a run killed by a timeout keeps what it measured."""
     if True:
@@ -814,7 +819,7 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
                          "Final loss after " f"{1 + args.warmup + args.repeats} identical steps; spread per model: "
                          + ", ".join(f"{m} {d['spread']:.2e}" for m, d in loss_check.items()), "",
                          "### torchtpu counters per timed step\n", counters_table(results), ""]
-        if trows:
+        if any(t["status"] != "n/a" for t in trows):  # a partial run (--only) measures none
             sections += ["## Targets\n", targets_table(trows), ""]
         if first_steps:
             sections += ["## First step in a fresh process (cold cache, then warm disk cache)\n",
@@ -830,6 +835,8 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
             sections += ["## Input pipeline: prefetch vs none\n", input_table(input_pipeline), ""]
         if distributed:
             sections += ["## Distributed: torchrun, 2 processes vs 1\n", distributed_table(distributed), ""]
+        if varlen:
+            sections += ["## Fused mode over varying lengths: buckets vs exact sizes\n", varlen_table(varlen), ""]
         errors = [r for r in results if r.get("error")]
         if errors:
             sections += ["## Errors\n"] + [f"- {r['model']} {r['variant']}: `{r['error']}`" for r in errors] + [""]
@@ -843,7 +850,8 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
             header = (f"# torchtpu benchmarks: platform {platform}, size {size}\n\n"
                       f"{time.strftime('%Y-%m-%d %H:%M')}; " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n")
             payload = dict(results=results, targets=trows, first_steps=first_steps, scaling=scaling, scan=scan,
-                           perop=perop, input_pipeline=input_pipeline, distributed=distributed, loss_check=loss_check)
+                           perop=perop, input_pipeline=input_pipeline, distributed=distributed, varlen=varlen,
+                           loss_check=loss_check)
             name = f"{platform}-{args.tag}" if args.tag else platform
             jpath = write_results(name, [payload], meta=meta)
             base = os.path.splitext(results_path(name))[0]
@@ -866,6 +874,8 @@ def main(argv=None):
     ap.add_argument("--models", default=",".join(ALL_MODELS))
     ap.add_argument("--variants", default=",".join(ALL_VARIANTS))
     ap.add_argument("--skip", default="", help=f"sections to skip, of {','.join(ALL_SECTIONS)}")
+    ap.add_argument("--only", default="", help="run only these sections (comma-separated), skipping the others; "
+                    "results go to bench/results/<platform>-<sections>.* unless --tag is given")
     ap.add_argument("--firststep", default="gpt:tpu-fused,gpt:tpu-compile,resnet:tpu-fused",
                     help="model:variant pairs timed cold/warm in subprocesses")
     ap.add_argument("--batch", type=int, default=None, help="override the batch size")
@@ -887,6 +897,14 @@ def main(argv=None):
     variants = [v for v in args.variants.split(",") if v]
     models = [m for m in args.models.split(",") if m]
     skip = {s for s in args.skip.split(",") if s}
+    only = {s for s in args.only.split(",") if s}
+    for s in skip | only:
+        if s not in ALL_SECTIONS:
+            ap.error(f"unknown section {s!r}; sections: {', '.join(ALL_SECTIONS)}")
+    if only:
+        skip |= set(ALL_SECTIONS) - only
+        # A partial run writes bench/results/<platform>-<sections>.*, not the full run's files.
+        args.tag = args.tag or "-".join(sorted(only))
     for v in variants:
         if v not in ALL_VARIANTS:
             ap.error(f"unknown variant {v!r}")
@@ -894,12 +912,12 @@ def main(argv=None):
         if m not in ALL_MODELS:
             ap.error(f"unknown model {m!r}")
 
-    need_tpu = any(v in TPU_VARIANTS for v in variants) or not {"firststep", "scaling", "scan", "perop", "input",
-                                                                 "distributed"} <= skip
+    need_tpu = (any(v in TPU_VARIANTS for v in variants) and "main" not in skip) or \
+        not {"firststep", "scaling", "scan", "perop", "input", "distributed", "varlen"} <= skip
     torchtpu = load_torchtpu() if need_tpu else None
     if torchtpu is None:
         variants = [v for v in variants if v not in TPU_VARIANTS]
-        skip |= {"firststep", "scaling", "scan", "input", "distributed"}
+        skip |= {"firststep", "scaling", "scan", "input", "distributed", "varlen"}
     if torchtpu is not None:
         platform = torchtpu.platform()
     elif "jax" in variants:
@@ -917,7 +935,7 @@ def main(argv=None):
                                                       if k in ("torch", "jax", "jaxlib", "gpu")))
 
     setups = model_setups(size, args.batch)
-    results, first_steps, scaling, perop, input_pipeline, distributed, scan = [], [], [], None, None, None, []
+    results, first_steps, scaling, perop, input_pipeline, distributed, scan, varlen = [], [], [], None, None, None, [], None
     if "main" not in skip:
         print("\n== training steps, side by side ==")
         results = run_main(models, variants, setups, args, torchtpu,
@@ -941,6 +959,12 @@ def main(argv=None):
             distributed = run_distributed(size, timeout=args.child_timeout * 2)
         except Exception as exc:
             print("distributed benchmark FAILED:", exc)
+    if "varlen" not in skip:
+        print("\n== fused mode over varying lengths: TORCHTPU_BUCKETS=pow2 vs off, fresh processes ==")
+        try:
+            varlen = run_varlen(timeout=max(args.child_timeout, 900))  # 40 compiles when exact
+        except Exception as exc:
+            print("varying-lengths benchmark FAILED:", str(exc)[:800])
     if "scaling" not in skip and "gpt" in setups:
         print("\n== LM scaling (fused) ==")
         scaling = run_scaling(setups, args, torchtpu, results)
@@ -953,7 +977,7 @@ def main(argv=None):
         first_steps = run_first_steps(specs, args)
 
     emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final=True,
-         input_pipeline=input_pipeline, distributed=distributed, scan=scan)
+         input_pipeline=input_pipeline, distributed=distributed, scan=scan, varlen=varlen)
     if _OWN_CACHE:
         import shutil
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)

@@ -4,6 +4,7 @@
 // there, and anything else runs on CPU.
 #include <torch/library.h>
 
+#include <unordered_map>
 #include <unordered_set>
 
 #include "device/kernels.h"
@@ -33,12 +34,38 @@ int device_of_args(const std::vector<c10::IValue>& args) {
   return current_device();
 }
 
+namespace {
+
+// An operator's full name and lowering rule, found once per operator and thread: building
+// "aten::add.Tensor" and looking it up on every call is per-op work (lowering rules are
+// all registered at load time, so a lookup never goes stale). Keyed by the address of the
+// operator's name, and checked against the name itself in case an operator was
+// deregistered and another took its place.
+struct OpInfo {
+  c10::OperatorName key;
+  std::string name;
+  const LoweringRule* rule;
+};
+
+const OpInfo& op_info(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::OperatorName*, OpInfo> cache;
+  const c10::OperatorName& key = op.operator_name();
+  auto it = cache.find(&key);
+  if (it != cache.end() && it->second.key == key) return it->second;
+  std::string name = op_name(op);
+  const LoweringRule* rule = find_lowering(name);
+  return cache.insert_or_assign(&key, OpInfo{key, std::move(name), rule}).first->second;
+}
+
+}  // namespace
+
 void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   translate_errors([&] {
-    std::string name = op_name(op);
+    const OpInfo& info = op_info(op);
+    const std::string& name = info.name;
     size_t n = op.schema().arguments().size();
     check_op_devices(op, name, std::vector<c10::IValue>(stack->end() - n, stack->end()));
-    const LoweringRule* rule = find_lowering(name);
+    const LoweringRule* rule = info.rule;
     if (record_data_dependent(name, op, rule, stack)) return;
     if (rule && !op.schema().is_mutable() && record_op(op, rule, stack)) return;
     if (!rule && is_view_op(op.schema()) && record_raw_view(op, stack, false)) return;

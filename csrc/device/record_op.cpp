@@ -210,14 +210,9 @@ ParsedOp parse_args(const c10::FunctionSchema& schema, const std::vector<c10::IV
   return p;
 }
 
+// Hashed in place: a probe node would copy every argument and operand per op.
 uint64_t signature_hash(const LoweringRule* rule, const ParsedOp& p) {
-  Node probe;
-  probe.op = rule->kind;
-  probe.args = p.args;
-  probe.operands = p.operands;
-  uint64_t h = hash_node(probe);
-  probe.operands.clear();  // keep node_uses untouched: the probe never incremented them
-  return h;
+  return hash_node_inputs(rule->kind, p.args, p.operands);
 }
 
 // Whether a tensor or scalar argument is complex (rules that do not declare kTakesComplex
@@ -286,30 +281,32 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
   ParsedOp p = parse_args(schema, args, rule);
   if (!p.supported) return false;
   uint64_t key = signature_hash(rule, p);
-  OutputSignature sig;
+  // Entries are never erased and unordered_map nodes do not move: the cached signature is
+  // read in place, without copying its vectors per op.
+  const OutputSignature* cached = nullptr;
   {
-    std::unique_lock<std::mutex> lock(g_meta_mutex);
+    std::lock_guard<std::mutex> lock(g_meta_mutex);
     auto it = meta_cache().find(key);
-    if (it != meta_cache().end()) {
-      sig = it->second;
-    } else {
-      lock.unlock();
-      try {
-        sig = infer_outputs(op, args);
-      } catch (const std::exception&) {
-        rethrow_if_interrupt();  // Ctrl-C in a Python meta kernel is no reason to fall back
-        // No meta kernel, a data-dependent shape (nonzero, x[mask]) or invalid arguments:
-        // the CPU kernel runs it, or raises the same error CPU users see.
-        return false;
-      }
-      for (const TensorType& t : sig.types) {
-        if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;
-        if (!rule->complex && is_complex(t.dtype)) return false;
-      }
-      lock.lock();
-      meta_cache()[key] = sig;
-    }
+    if (it != meta_cache().end()) cached = &it->second;
   }
+  if (!cached) {
+    OutputSignature inferred;
+    try {
+      inferred = infer_outputs(op, args);
+    } catch (const std::exception&) {
+      rethrow_if_interrupt();  // Ctrl-C in a Python meta kernel is no reason to fall back
+      // No meta kernel, a data-dependent shape (nonzero, x[mask]) or invalid arguments:
+      // the CPU kernel runs it, or raises the same error CPU users see.
+      return false;
+    }
+    for (const TensorType& t : inferred.types) {
+      if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;
+      if (!rule->complex && is_complex(t.dtype)) return false;
+    }
+    std::lock_guard<std::mutex> lock(g_meta_mutex);
+    cached = &meta_cache().emplace(key, std::move(inferred)).first->second;
+  }
+  const OutputSignature& sig = *cached;
   // clone/detach/alias of an unchanged type: values are immutable (in-place ops swap them),
   // so the result can share the input's value; no node, no launch.
   if (rule->data && std::strcmp(rule->data, "identity") == 0 && sig.types.size() == 1 && !p.operands.empty() &&

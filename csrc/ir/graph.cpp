@@ -9,9 +9,9 @@ Node::~Node() {
   for (const ValuePtr& v : operands) v->node_uses.fetch_sub(1);
 }
 
-uint64_t hash_node(const Node& node) {
-  uint64_t h = node.op.hash();
-  for (const Arg& a : node.args) {
+uint64_t hash_node_inputs(const OpKind& op, const std::vector<Arg>& args, const std::vector<ValuePtr>& operands) {
+  uint64_t h = op.hash();
+  for (const Arg& a : args) {
     h = hash_mix(h, static_cast<uint64_t>(a.kind) * 2 + a.lifted);
     if (a.lifted) {
       h = hash_mix(h, a.ints.size() + a.doubles.size());  // list length is structural
@@ -40,7 +40,12 @@ uint64_t hash_node(const Node& node) {
       case Arg::Kind::None: break;
     }
   }
-  for (const ValuePtr& v : node.operands) h = hash_type(h, v->type);
+  for (const ValuePtr& v : operands) h = hash_type(h, v->type);
+  return h;
+}
+
+uint64_t hash_node(const Node& node) {
+  uint64_t h = hash_node_inputs(node.op, node.args, node.operands);
   for (const TensorType& t : node.outputs) h = hash_type(h, t);
   if (node.body) h = hash_mix(h, node.body->hash);
   return h;

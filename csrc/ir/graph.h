@@ -129,5 +129,8 @@ struct Subgraph {
 };
 
 uint64_t hash_node(const Node& node);
+// The part of hash_node its inputs decide (op, arguments, operand types): the key of the
+// output types a node will have, computed before the node exists.
+uint64_t hash_node_inputs(const OpKind& op, const std::vector<Arg>& args, const std::vector<ValuePtr>& operands);
 
 }  // namespace torchtpu

@@ -112,14 +112,25 @@ struct JaxBuffer final : DeviceBuffer {
 
 struct JaxExecutable final : Executable {
   py::object exe;
-  explicit JaxExecutable(py::object e) : exe(std::move(e)) {}
+  // Per launch: jaxlib's execute_sharded, bound once, and the handlers that wrap its results
+  // as jax.Arrays (made at the first launch; an executable's result types never change).
+  // disassemble_into_single_device_arrays would build each result's sharding in Python on
+  // every launch.
+  py::object execute_sharded;
+  py::object result_handlers;  // a list, once has_handlers
+  bool has_handlers = false;
+  explicit JaxExecutable(py::object e) : exe(std::move(e)) { execute_sharded = exe.attr("execute_sharded"); }
   ~JaxExecutable() override {
     if (!python_alive() || runtime_forked()) {
       exe.release();
+      execute_sharded.release();
+      result_handlers.release();
       return;
     }
     py::gil_scoped_acquire gil;
     exe = py::object();
+    execute_sharded = py::object();
+    result_handlers = py::object();  // members die after the GIL is released: empty them here
   }
 };
 
@@ -158,6 +169,8 @@ class JaxlibRuntime final : public Runtime {
       : client_(std::move(client)), platform_(std::move(platform)) {
     xla_client_ = py::module_::import("jax._src.lib").attr("xla_client");
     jax_module_ = py::module_::import("jax._src.lib").attr("_jax");
+    // Looked up once: attr("name") per launch would build the name's Python string each time.
+    consume_with_handlers_ = jax_module_.attr("ExecuteResults").attr("consume_with_handlers");
     devices_ = node_local_devices(client_.attr("local_devices")().cast<py::list>(), layout);
     py::object version = py::module_::import("jaxlib.version").attr("__version__");
     version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
@@ -201,19 +214,19 @@ class JaxlibRuntime final : public Runtime {
                                  const std::vector<TensorType>& result_types, int device) override {
     py::gil_scoped_acquire gil;
     try {
+      auto& jax_exe = static_cast<JaxExecutable&>(exe);
       py::list arrays(args.size());
       for (size_t i = 0; i < args.size(); ++i) arrays[i] = static_cast<JaxBuffer&>(*args[i]).array;
       DeferredInterrupt defer;
-      py::object results = static_cast<JaxExecutable&>(exe).exe.attr("execute_sharded")(arrays);
-      py::list per_output = results.attr("disassemble_into_single_device_arrays")();
+      py::object results = jax_exe.execute_sharded(arrays);
+      py::list per_output = jax_exe.has_handlers ? py::list(consume_with_handlers_(results, jax_exe.result_handlers))
+                                                 : first_results(jax_exe, results);
       if (per_output.size() != result_types.size())
         throw std::runtime_error("torchtpu: executable returned an unexpected number of results");
       std::vector<BufferPtr> out;
       out.reserve(result_types.size());
-      for (size_t i = 0; i < result_types.size(); ++i) {
-        py::list shards = per_output[i];
-        out.push_back(std::make_shared<JaxBuffer>(shards[0], result_types[i], device));
-      }
+      for (size_t i = 0; i < result_types.size(); ++i)
+        out.push_back(std::make_shared<JaxBuffer>(per_output[i], result_types[i], device));
       return out;
     } catch (py::error_already_set& e) {
       rethrow("running a graph", e);
@@ -484,12 +497,30 @@ class JaxlibRuntime final : public Runtime {
     return options;
   }
 
+  // An executable's first results, split per output by jaxlib; their types and shardings
+  // become the handlers later launches wrap results with (what jax's own dispatch does).
+  py::list first_results(JaxExecutable& exe, py::object results) {
+    py::list per_output;
+    py::list handlers;
+    py::object make_handler = jax_module_.attr("array_result_handler");
+    for (py::handle shards : py::list(results.attr("disassemble_into_single_device_arrays")())) {
+      py::object array = py::reinterpret_borrow<py::list>(shards)[0];
+      per_output.append(array);
+      handlers.append(make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true,
+                                   py::arg("_skip_checks") = true));
+    }
+    exe.result_handlers = handlers;
+    exe.has_handlers = true;
+    return per_output;
+  }
+
   py::object client_;
   py::object xla_client_;
   py::object jax_module_;
   py::object numpy_;
   py::object host_device_;
   py::object device_put_;
+  py::object consume_with_handlers_;
   std::vector<py::object> devices_;
   std::string platform_;
   std::string version_;
