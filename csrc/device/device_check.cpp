@@ -170,7 +170,9 @@ void check_op_devices(const c10::OperatorHandle& op, const std::string& name, co
   std::optional<c10::Device> first;
   bool mixed = false;
   auto visit = [&](const at::Tensor& t) {
-    if (!t.defined()) return;
+    // A Python number PyTorch wrapped as a 0-dim CPU tensor (floor_divide(x, 3)) is a scalar
+    // wherever it goes, as on CUDA.
+    if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
     if (!first) first = t.device();
     else if (t.device() != *first) mixed = true;
   };

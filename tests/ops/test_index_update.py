@@ -13,30 +13,30 @@ DUP = torch.tensor([1, 1, 3])
 
 
 def test_take_put(mode):
-    check(lambda x: (torch.take(x, torch.tensor([[0, -1], [7, 3]])), torch.take(x, torch.tensor(4)),
-                     x.put(torch.tensor([0, -1, 6]), torch.tensor([9.0, 8.0, 7.0])),
-                     x.put(torch.tensor([2, 2, 5]), x[0, :3] * 2, accumulate=True)), X, grad=True)
-    check(lambda i: (i.put(torch.tensor([1, 3]), torch.tensor([-5, 5]), accumulate=True), torch.take(i, torch.tensor([5]))),
+    check(lambda x: (torch.take(x, torch.tensor([[0, -1], [7, 3]], device=x.device)), torch.take(x, torch.tensor(4, device=x.device)),
+                     x.put(torch.tensor([0, -1, 6], device=x.device), torch.tensor([9.0, 8.0, 7.0], device=x.device)),
+                     x.put(torch.tensor([2, 2, 5], device=x.device), x[0, :3] * 2, accumulate=True)), X, grad=True)
+    check(lambda i: (i.put(torch.tensor([1, 3], device=i.device), torch.tensor([-5, 5], device=i.device), accumulate=True), torch.take(i, torch.tensor([5], device=i.device))),
           torch.arange(6).reshape(2, 3))
 
 
 def test_index_fill_copy(mode):
-    check(lambda x: (x.index_fill(0, I, -1.5), x.index_fill(1, torch.tensor([4, 0]), torch.tensor(2.0)),
-                     x.index_fill(1, torch.tensor([], dtype=torch.long), 3.0),
-                     x.index_copy(0, torch.tensor([2, 0]), x[:2] * 3), x.index_copy(-1, torch.tensor([1, 4]), x[:, :2] + 1)),
+    check(lambda x: (x.index_fill(0, I.to(x.device), -1.5), x.index_fill(1, torch.tensor([4, 0], device=x.device), torch.tensor(2.0, device=x.device)),
+                     x.index_fill(1, torch.tensor([], dtype=torch.long, device=x.device), 3.0),
+                     x.index_copy(0, torch.tensor([2, 0], device=x.device), x[:2] * 3), x.index_copy(-1, torch.tensor([1, 4], device=x.device), x[:, :2] + 1)),
           X, grad=True)
-    check(lambda s: (s.index_fill(0, torch.tensor([0]), 4.0), s.index_copy(0, torch.tensor([0]), torch.tensor(2.5))),
+    check(lambda s: (s.index_fill(0, torch.tensor([0], device=s.device), 4.0), s.index_copy(0, torch.tensor([0], device=s.device), torch.tensor(2.5, device=s.device))),
           torch.tensor(1.0))
-    check(lambda b: b.index_fill(1, torch.tensor([0, 2]), True), torch.zeros(2, 3, dtype=torch.bool))
+    check(lambda b: b.index_fill(1, torch.tensor([0, 2], device=b.device), True), torch.zeros(2, 3, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
 def test_index_reduce(mode, reduce):
     source = torch.randn(3, 5, requires_grad=True)
     for include_self in (True, False):
-        check(lambda x, s: (x.index_reduce(0, DUP, s, reduce, include_self=include_self),
-                            x.index_reduce(0, J, s, reduce, include_self=include_self),
-                            x.index_reduce(1, torch.tensor([0, 4, 0]), s.t()[:4], reduce,
+        check(lambda x, s: (x.index_reduce(0, DUP.to(x.device), s, reduce, include_self=include_self),
+                            x.index_reduce(0, J.to(x.device), s, reduce, include_self=include_self),
+                            x.index_reduce(1, torch.tensor([0, 4, 0], device=x.device), s.t()[:4], reduce,
                                            include_self=include_self)), X, source, grad=True)
-    check(lambda i: i.index_reduce(0, torch.tensor([0, 0, 2]), torch.tensor([2, 3, -4]), reduce),
+    check(lambda i: i.index_reduce(0, torch.tensor([0, 0, 2], device=i.device), torch.tensor([2, 3, -4], device=i.device), reduce),
           torch.full((3,), 7))

@@ -67,8 +67,8 @@ def test_zeta_and_xlogy(mode):
     check(lambda q: S.zeta(2.0, q), q, rtol=1.3e-6)
     a = torch.tensor([0.0, 0.0, 3.0, 0.0, 2.0, -1.0, 1.5], requires_grad=True)
     y = torch.tensor([0.0, 1.0, 2.0, float("nan"), -1.0, 0.5, 4.0])
-    check(lambda a: (torch.xlogy(a, y), S.xlog1py(a, y), torch.xlogy(a, 2.0), torch.xlogy(3.0, y.abs() + a * 0)), a,
-          grad=True)
+    check(lambda a: (torch.xlogy(a, y.to(a.device)), S.xlog1py(a, y.to(a.device)), torch.xlogy(a, 2.0),
+                     torch.xlogy(3.0, y.to(a.device).abs() + a * 0)), a, grad=True)
 
 
 POLYNOMIALS = [S.chebyshev_polynomial_t, S.chebyshev_polynomial_u, S.chebyshev_polynomial_v,
@@ -82,6 +82,6 @@ def test_orthogonal_polynomials(mode):
     xs = torch.cat([torch.linspace(-1.5, 1.5, 13), torch.tensor([0.0, 1.0, -1.0])])
     ns = torch.tensor([-1.0, 0, 1, 2, 3, 5, 7, 9, 12, 2.7, float("inf"), float("nan")])
     x, n = torch.meshgrid(xs, ns, indexing="ij")
-    check(lambda x: tuple(f(x, n) for f in POLYNOMIALS), x, rtol=1.3e-6)
+    check(lambda x: tuple(f(x, n.to(x.device)) for f in POLYNOMIALS), x, rtol=1.3e-6)
     check(lambda x: tuple(f(x, 3) for f in POLYNOMIALS[:4]), xs)  # Scalar n
     check(lambda n: S.hermite_polynomial_h(0.5, n), torch.tensor([0.0, 5.0, 129.0, 200.0]))  # above CPU's limit: NaN
