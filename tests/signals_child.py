@@ -132,8 +132,8 @@ def phase_torch_compile(torch, torchtpu):
 
 def wait_for_signal_in_startup():
     """An audit hook that, the first time Python does anything (opens a file, imports)
-    inside jax's get_backend called by torchtpu's C++ start-up (_C.init creating the jax
-    client), prints READY and waits there for the parent's SIGINT: the KeyboardInterrupt
+    inside jax's get_backend called by torchtpu's C++ start-up (the runtime starter creating
+    the jax client at the first tpu use), prints READY and waits there for the parent's SIGINT: the KeyboardInterrupt
     starts deep in start-up, under the C++ that used to swallow it, every time."""
     state = {"busy": False, "fired": False}
 
@@ -148,7 +148,9 @@ def wait_for_signal_in_startup():
                 frame = frame.f_back
         finally:
             state["busy"] = False
-        if "get_backend" in names and "_initialize" in names:
+        # The jax client starts at the first tpu use (torchtpu's runtime starts lazily, so that
+        # torch.distributed can join the job first): get_backend, anywhere in the phase.
+        if "get_backend" in names and "phase_startup" in names:
             state["fired"] = True
             ready("startup")
             while True:
@@ -169,7 +171,7 @@ def phase_startup():
         else:
             wait_for_signal_in_startup()
             import torch  # interrupted call (torch's backend autoload imports torchtpu)
-        torch.ones(3, device="tpu").add(1).sum().item()
+        torch.ones(3, device="tpu").add(1).sum().item()  # interrupted call (the runtime starts here)
         print("FINISHED startup (start-up went on after Ctrl-C)", flush=True)
     except KeyboardInterrupt as error:
         import traceback
