@@ -79,7 +79,7 @@ void lower_var_std(LoweringContext& ctx, const Node& node) {
   std::string f = rule_data(node);
   const TensorType& out = ctx.out(node);
   V x0 = ctx.input(node, 0);
-  check_argument(is_floating(x0.type.dtype), (f == "var" || f == "std" ? std::string("std and var") : f) +
+  check_argument(is_floating(x0.type.dtype) || is_complex(x0.type.dtype), (f == "var" || f == "std" ? std::string("std and var") : f) +
                                                  " only support floating point and complex dtypes");
   std::vector<int64_t> dims = reduced_dims(node, 1, x0.type.rank());
   DType acc = acc_dtype(is_complex(x0.type.dtype) ? x0.type.dtype : out.dtype);  // complex input: real var

@@ -48,7 +48,7 @@ def test_zeros_full_and_casts(mode):
     assert torch.equal(torch.ones(3, dtype=torch.complex64, device="tpu").cpu(), torch.ones(3, dtype=torch.complex64))
     x = crand(6)
     cases = [("to_f32", lambda z: z.real.to(torch.complex64) + z.to(torch.float32), [x]),  # complex -> real keeps the real part
-             ("to_bool", lambda z: (z * torch.tensor([0, 1, 1j, 0, 1, 0])).to(torch.bool), [x]),
+             ("to_bool", lambda z: (z * torch.tensor([0, 1, 1j, 0, 1, 0], device=z.device)).to(torch.bool), [x]),
              ("to_int", lambda z: (z * 3).to(torch.int64), [x]),
              ("from_int", lambda i: i.to(torch.complex64), [torch.arange(-3, 3)]),
              ("from_bf16", lambda r: r.to(torch.bfloat16).to(torch.complex64), [rrand(5)]),
@@ -161,7 +161,7 @@ def test_reductions_grad(mode):
                ("var", lambda x: x.var(1), [z]), ("std", lambda x: x.std(), [z]),
                ("norm", lambda x: torch.linalg.vector_norm(x, dim=1), [z]), ("norm1", lambda x: x.norm(p=1), [z]),
                ("cumsum", lambda x: x.cumsum(1), [z]), ("cumprod", lambda x: x.cumprod(0), [z])], grad=True)
-    run_cases([("any", lambda x: (x * torch.tensor([0, 1, 0, 0])).any(1), [crand(3, 4)]),
+    run_cases([("any", lambda x: (x * torch.tensor([0, 1, 0, 0], device=x.device)).any(1), [crand(3, 4)]),
                ("all", lambda x: x.all(), [crand(3, 4)])])
 
 
@@ -180,11 +180,11 @@ def test_shape_and_indexing(mode):
     idx = torch.tensor([2, 0, 2])
     run_cases([("cat", lambda x: torch.cat([x, x * 1j]), [z]), ("stack", lambda x: torch.stack([x, x.conj()]), [z]),
                ("transpose", lambda x: x.t() * 1, [z]), ("flip_roll", lambda x: x.flip(0).roll(1, 1), [z]),
-               ("index", lambda x: x[idx], [z]), ("gather", lambda x: x.gather(1, torch.tensor([[0], [3], [1]])), [z]),
+               ("index", lambda x: x[idx], [z]), ("gather", lambda x: x.gather(1, torch.tensor([[0], [3], [1]], device=x.device)), [z]),
                ("index_put", lambda x: x.index_put((idx,), torch.tensor(2j), accumulate=True), [z]),
                ("masked_fill", lambda x: x.masked_fill(x.real > 0, 1 - 1j), [z]),
                ("tril", lambda x: x.tril(), [z]), ("pad", lambda x: F.pad(x, (1, 2)), [z]),
-               ("scatter_add", lambda x: x.scatter_add(0, torch.zeros(1, 4, dtype=torch.long), x[:1] * 2), [z])],
+               ("scatter_add", lambda x: x.scatter_add(0, torch.zeros(1, 4, dtype=torch.long, device=x.device), x[:1] * 2), [z])],
               grad=True)
 
 

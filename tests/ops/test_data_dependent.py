@@ -35,7 +35,7 @@ CASES = {
                                  torch.count_nonzero(x.sum())), X.detach()),
     "nonzero_static": (lambda x: (torch.nonzero_static(x, size=4), torch.nonzero_static(x, size=30, fill_value=-7),
                                   torch.nonzero_static(x[:0], size=2)), X.detach()),
-    "masked_select": (lambda x: (x.masked_select(x > 0), x.masked_select(M[:, None]), x[0].masked_select(x > 0),
+    "masked_select": (lambda x: (x.masked_select(x > 0), x.masked_select(M[:, None].to(x.device)), x[0].masked_select(x > 0),
                                  x.masked_select(x > 100)), X),
     "mask_index": (lambda x: (x[x > 0], x[M], x[:, M[:3].repeat(2)[:5]], x[M, 1:], x[M, torch.tensor([0, 2, 4])],
                               x[x.detach() > 100]), X),
@@ -77,7 +77,7 @@ def test_count_is_read_once_and_result_stays_on_device(mode):
     after = torchtpu.metrics.counters()
     assert after["bytes_to_host"] - before["bytes_to_host"] == 8  # one int64 count
     assert torchtpu._C.pending_ops() >= 2
-    assert not after["fallback_ops"]
+    assert after["fallback_ops"] == before["fallback_ops"]  # nothing ran on CPU here
     expected = (y.cpu()[y.cpu() > 0] + 1)
     torch.testing.assert_close(out.cpu(), expected)
 
