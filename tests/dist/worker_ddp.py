@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import torchtpu
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import Report, write  # noqa: E402
+from common import Report, train_on_cpu, write  # noqa: E402
 
 STEPS = 5
 PER_RANK = 4
@@ -32,13 +32,7 @@ def batches(world):
 
 
 def reference(world):
-    model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for x, y in batches(world):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return [p.detach() for p in model.parameters()]
+    return train_on_cpu(make_model(), batches(world))
 
 
 def train(mode, rank, world, report):

@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 import torchtpu
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import Report, write  # noqa: E402
+from common import Report, train_on_cpu, write  # noqa: E402
 
 STEPS = 5
 PER_RANK = 4
@@ -41,13 +41,7 @@ def batches(world):
 
 
 def reference(world):
-    model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for x, y in batches(world):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return [p.detach() for p in model.parameters()]
+    return train_on_cpu(make_model(), batches(world))
 
 
 def check_functional_collectives(report, rank, world, group_name):
