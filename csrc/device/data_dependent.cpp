@@ -131,31 +131,31 @@ bool has_mask(const c10::List<std::optional<at::Tensor>>& indices, int* tensors)
   return any;
 }
 
-// index.Tensor(self, indices) with boolean masks among the indices.
-bool index_with_masks(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack) {
+// (self, indices, ...) with boolean masks among the indices: the masks become integer
+// indices (one count read), then the op records as usual. With `lone_mask_direct`, a mask
+// that is the only index tensor is left to the op's own lowering (no count needed).
+bool record_with_expanded_masks(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack,
+                                bool lone_mask_direct) {
   size_t n = op.schema().arguments().size();
   c10::IValue& self_arg = (*stack)[stack->size() - n];
   c10::IValue& indices_arg = (*stack)[stack->size() - n + 1];
   if (!self_arg.isTensor() || !is_tpu(self_arg.toTensor()) || !supported(self_arg.toTensor())) return false;
   auto indices = indices_arg.toOptionalTensorList();
   int tensors = 0;
-  if (!has_mask(indices, &tensors)) return false;
+  if (!has_mask(indices, &tensors) || (lone_mask_direct && tensors == 1)) return false;
   indices_arg = expand_masks(self_arg.toTensor(), indices);
   return record_op(op, rule, stack);
+}
+
+// index.Tensor(self, indices) with boolean masks among the indices.
+bool index_with_masks(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack) {
+  return record_with_expanded_masks(op, rule, stack, /*lone_mask_direct=*/false);
 }
 
 // index_put / _index_put_impl / _unsafe_index_put(self, indices, values, accumulate...):
 // a lone mask is lowered directly (no count needed); a mask among other indices is expanded.
 bool index_put_with_masks(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack) {
-  size_t n = op.schema().arguments().size();
-  c10::IValue& self_arg = (*stack)[stack->size() - n];
-  c10::IValue& indices_arg = (*stack)[stack->size() - n + 1];
-  if (!self_arg.isTensor() || !is_tpu(self_arg.toTensor()) || !supported(self_arg.toTensor())) return false;
-  auto indices = indices_arg.toOptionalTensorList();
-  int tensors = 0;
-  if (!has_mask(indices, &tensors) || tensors == 1) return false;
-  indices_arg = expand_masks(self_arg.toTensor(), indices);
-  return record_op(op, rule, stack);
+  return record_with_expanded_masks(op, rule, stack, /*lone_mask_direct=*/true);
 }
 
 // The unique family, one shape: (values, inverse, counts), computed over the flattened
