@@ -14,7 +14,7 @@ import torch
 __version__ = "0.1.0"
 __all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler",
            "export", "Exported", "to_jax", "from_jax", "jax_op", "register_jax_op",
-           "scan_layers"]
+           "scan_layers", "StackedLayers"]
 
 from torchtpu import _report, _settings, _versions  # noqa: E402  (they import nothing heavy)
 
@@ -93,6 +93,7 @@ from torchtpu._export import Exported, export  # noqa: E402
 
 __import__("torchtpu._linalg", fromlist=["_"]).install()  # tpu kernels of the JAX-lowered linalg ops
 from torchtpu.scan import scan_layers  # noqa: E402
+from torchtpu.stacked import StackedLayers  # noqa: E402
 
 
 def platform() -> str:

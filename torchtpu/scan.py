@@ -29,18 +29,36 @@ def scan_layers(layers, x: torch.Tensor, *extra):
     host raise ValueError.
     """
     layers = list(layers)
-    param_names, buffer_names = _check_structure(layers)
+    param_names, buffer_names = check_structure(layers, "torchtpu.scan_layers")
+    check_input(x, "torchtpu.scan_layers")
     if not layers:
         return x
     if torch.compiler.is_compiling() or x.device.type != "tpu":
         return _unrolled(layers, x, extra)
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"torchtpu.scan_layers: x must be a floating-point tensor, got {type(x).__name__}")
-    tensor_at = [i for i, e in enumerate(extra) if isinstance(e, torch.Tensor)]
-    plan = _Plan(layers[0], param_names, buffer_names, len(layers), extra, tensor_at)
-    flat = [p for layer in layers for p in _named(layer.named_parameters(), param_names)]
+    # Stacked here, under autograd: the stack's backward unbinds the loop's stacked grads.
+    stacked = [torch.stack(ps) for ps in zip(*(_named(l.named_parameters(), param_names) for l in layers))]
     stacked_buffers = [torch.stack(bs) for bs in zip(*(_named(l.named_buffers(), buffer_names) for l in layers))]
-    return _ScanLayers.apply(plan, x, *[extra[i] for i in tensor_at], *flat, *stacked_buffers)
+    return scan_stacked(layers[0], param_names, buffer_names, len(layers), x, extra, stacked, stacked_buffers)
+
+
+def scan_stacked(template, param_names, buffer_names, length, x, extra, stacked, stacked_buffers,
+                 who="torchtpu.scan_layers"):
+    """The loop on tpu over parameters and buffers already stacked (one row per layer), run
+    through ``template``'s structure; gradients land on the stacked tensors."""
+    for t in [*stacked, *stacked_buffers, *(e for e in extra if isinstance(e, torch.Tensor))]:
+        if t.device != x.device:
+            raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{x.device} and {t.device}!")
+    tensor_at = [i for i, e in enumerate(extra) if isinstance(e, torch.Tensor)]
+    plan = _Plan(template, param_names, buffer_names, length, extra, tensor_at, who)
+    return _ScanLayers.apply(plan, x, *[extra[i] for i in tensor_at], *stacked, *stacked_buffers)
+
+
+def check_input(x, who):
+    """TypeError unless x is a floating-point tensor (the loop carries it and its gradient)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        what = f"a tensor of dtype {x.dtype}" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
+        raise TypeError(f"{who}: x must be a floating-point tensor, got {what}")
 
 
 def _unrolled(layers, x, extra):
@@ -60,11 +78,11 @@ def _signature(layer):
     return type(layer), layer.training, params, buffers
 
 
-def _check_structure(layers):
+def check_structure(layers, who):
     """(parameter names, buffer names) shared by all layers; ValueError when they differ."""
     for i, layer in enumerate(layers):
         if not isinstance(layer, torch.nn.Module):
-            raise TypeError(f"torchtpu.scan_layers: layer {i} is a {type(layer).__name__}, not an nn.Module")
+            raise TypeError(f"{who}: layer {i} is a {type(layer).__name__}, not an nn.Module")
     if not layers:
         return [], []
     first = _signature(layers[0])
@@ -77,8 +95,8 @@ def _check_structure(layers):
         for name, a, b in zip(what, sig, first):
             if a != b:
                 raise ValueError(
-                    f"torchtpu.scan_layers: layer {i} differs from layer 0 in its {name}: {_short(a)} vs "
-                    f"{_short(b)}; scan_layers needs layers of identical structure")
+                    f"{who}: layer {i} differs from layer 0 in its {name}: {_short(a)} vs "
+                    f"{_short(b)}; {who.split('.')[-1]} needs layers of identical structure")
     return [n for n, *_ in first[2]], [n for n, *_ in first[3]]
 
 
@@ -90,13 +108,14 @@ def _short(value):
 class _Plan:
     """What the traced bodies need to know about the layers (not a tensor: autograd skips it)."""
 
-    def __init__(self, template, param_names, buffer_names, length, extra, tensor_at):
+    def __init__(self, template, param_names, buffer_names, length, extra, tensor_at, who):
         self.template = template
         self.param_names = param_names
         self.buffer_names = buffer_names
         self.length = length
         self.extra = extra
         self.tensor_at = tensor_at
+        self.who = who  # the public name that errors cite
 
     def call(self, h, params, buffers, extra_tensors):
         state = dict(zip(self.param_names, params))
@@ -107,7 +126,7 @@ class _Plan:
         out = functional_call(self.template, state, (h, *extra))
         if not isinstance(out, torch.Tensor) or out.shape != h.shape or out.dtype != h.dtype:
             raise ValueError(
-                "torchtpu.scan_layers: each layer must return one tensor of its input's shape and dtype "
+                f"{self.who}: each layer must return one tensor of its input's shape and dtype "
                 f"({tuple(h.shape)}, {h.dtype}); got {_describe(out)}")
         return out
 
@@ -138,9 +157,8 @@ class _ScanLayers(torch.autograd.Function):
     def forward(ctx, plan, x, *inputs):
         n_extra, n_params = len(plan.tensor_at), len(plan.param_names)
         extra = inputs[:n_extra]
-        flat = inputs[n_extra:n_extra + n_params * plan.length]
-        stacked_buffers = list(inputs[n_extra + n_params * plan.length:])
-        stacked = [torch.stack(flat[p::n_params]) for p in range(n_params)]
+        stacked = list(inputs[n_extra:n_extra + n_params])
+        stacked_buffers = list(inputs[n_extra + n_params:])
         device = x.device.index
 
         def forward_body():
@@ -198,7 +216,5 @@ class _ScanLayers(torch.autograd.Function):
             grad_extra[k] = g
         grad_stacked = [None] * n_params
         for p, g in zip(grad_param_at, outs[1 + len(grad_extra_at):]):
-            grad_stacked[p] = g.unbind(0)
-        grad_flat = [None if grad_stacked[p] is None else grad_stacked[p][layer]
-                     for layer in range(plan.length) for p in range(n_params)]
-        return (None, grad_x, *grad_extra, *grad_flat, *([None] * len(stacked_buffers)))
+            grad_stacked[p] = g
+        return (None, grad_x, *grad_extra, *grad_stacked, *([None] * len(stacked_buffers)))
