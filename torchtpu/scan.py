@@ -131,6 +131,14 @@ class _Plan:
         return out
 
 
+    def probe(self, x, stacked, stacked_buffers, extra_tensors):
+        """Runs layer 0 eagerly (outside any trace) after its trace failed, so that an error
+        of the layer's own (a wrong input shape, which on tpu falls back to the host inside
+        the trace) surfaces as the plain loop would raise it; returns if the layer runs."""
+        with torch.no_grad():
+            self.call(x, [p[0] for p in stacked], [b[0] for b in stacked_buffers], extra_tensors)
+
+
 def _describe(value):
     if isinstance(value, torch.Tensor):
         return f"a tensor {tuple(value.shape)}, {value.dtype}"
@@ -169,7 +177,11 @@ class _ScanLayers(torch.autograd.Function):
             # The layer's input is a y row: the backward loop recomputes from it.
             return [plan.call(h, params, buffers, consts), h]
 
-        body = _trace(forward_body)
+        try:
+            body = _trace(forward_body)
+        except ValueError:
+            plan.probe(x, stacked, stacked_buffers, extra)
+            raise
         out, inputs_per_layer = _C.scan(body, [x], stacked + stacked_buffers, list(extra), plan.length, False)
         ctx.plan = plan
         ctx.save_for_backward(inputs_per_layer, *extra, *stacked, *stacked_buffers)
