@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -142,7 +143,7 @@ class GPT(nn.Module):
 
     def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """The transformer blocks in order; a benchmark may replace this per instance (the
-        scanned GPT of bench/run.py runs them as one loop)."""
+        GPT of bench/run.py's section "scan" runs them as one loop, see set_blocks)."""
         for block in self.blocks:
             x = block(x)
         return x
@@ -304,9 +305,18 @@ class ResNet(nn.Module):
 ADAMW = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
-def uses_weight_decay(name: str, param: torch.Tensor) -> bool:
-    """Matrices and embeddings are decayed; biases and norm scales are not."""
-    return param.ndim >= 2
+def uses_weight_decay(name: str, param: torch.Tensor, stacked: bool = False) -> bool:
+    """Matrices and embeddings are decayed; biases and norm scales are not. A stacked
+    parameter (torchtpu.StackedLayers) has a leading depth dimension: a layer's is one less."""
+    return param.ndim - int(stacked) >= 2
+
+
+def _stacked_param_ids(model: nn.Module) -> set:
+    """Ids of the parameters stored stacked (in a torchtpu.StackedLayers; none if torchtpu
+    was never imported, as in the host-only variants)."""
+    torchtpu = sys.modules.get("torchtpu")
+    stacks = [m for m in model.modules() if torchtpu is not None and isinstance(m, torchtpu.StackedLayers)]
+    return {id(p) for m in stacks for p in m.parameters()}
 
 
 def make_optimizer(model: nn.Module, lr: float | None = None, betas=None, eps=None,
@@ -321,9 +331,10 @@ def make_optimizer(model: nn.Module, lr: float | None = None, betas=None, eps=No
         if value is not None:
             hp[key] = value
     decay, no_decay = [], []
+    stacked = _stacked_param_ids(model)
     for name, p in model.named_parameters():  # tied weights appear once
         if p.requires_grad:
-            (decay if uses_weight_decay(name, p) else no_decay).append(p)
+            (decay if uses_weight_decay(name, p, id(p) in stacked) else no_decay).append(p)
     groups = [
         {"params": decay, "weight_decay": hp["weight_decay"]},
         {"params": no_decay, "weight_decay": 0.0},

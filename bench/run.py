@@ -18,8 +18,9 @@ Besides the table it measures
   * first-step latency in fresh subprocesses: cold (empty TORCHTPU_CACHE_DIR),
     then warm (same directory, now filled by the cold run),
   * LM scaling: step and compile time as layers double and as batch doubles,
-  * depth-flat compiles: the GPT at 2/4/8 layers with its blocks unrolled vs run as one loop
-    (torchtpu.scan_layers), compile and step time side by side,
+  * depth-flat compiles: the GPT at 2/4/8/16 layers with its blocks unrolled, run as one loop
+    (torchtpu.scan_layers) and stored stacked (torchtpu.StackedLayers), compile and step
+    time side by side,
   * per-op overhead: 10,000 small adds in strict mode vs host eager, and the
     fused-mode tracing cost per op,
   * input pipeline: large images through a small CNN, uploading in the loop vs
@@ -160,6 +161,21 @@ def make_torch_model(setup, device, dtype):
 
 _UNTIED: set = set()  # devices on which .to() lost GPT's weight tying
 
+BLOCKS = ("unrolled", "scanned", "stacked")  # how the GPT runs its blocks (bench section "scan")
+
+
+def set_blocks(model, blocks, torchtpu):
+    """Runs the GPT's blocks as a plain loop (unrolled), as one loop over per-layer
+    parameters (torchtpu.scan_layers: scanned) or over parameters stored stacked
+    (torchtpu.StackedLayers: stacked). Before the optimizer is made: stacked replaces them."""
+    if blocks == "scanned":
+        model.run_blocks = lambda x: torchtpu.scan_layers(model.blocks, x)
+    elif blocks == "stacked":
+        model.blocks = torchtpu.StackedLayers(model.blocks)
+        model.run_blocks = lambda x: model.blocks(x)
+    elif blocks != "unrolled":
+        raise ValueError(f"unknown blocks {blocks!r}; one of {BLOCKS}")
+
 
 def make_batches(setup, device, dtype, n=2):
     out = []
@@ -191,9 +207,7 @@ class TorchRunner:
         self.base_mem = self.memory()
         with self.ctx():
             self.model = make_torch_model(setup, self.device, dtype)
-            if setup.get("scan"):  # the blocks as one loop (bench section "scan")
-                model, scan_layers = self.model, torchtpu.scan_layers
-                model.run_blocks = lambda x: scan_layers(model.blocks, x)
+            set_blocks(self.model, setup.get("blocks", "unrolled"), torchtpu)
             self.opt = make_optimizer(self.model)
             self.batches = make_batches(setup, self.device, dtype)
             if variant == "tpu-compile":
@@ -524,47 +538,80 @@ def run_scaling(setups, args, torchtpu, main_results):
     return rows
 
 
+def scan_setup(base, size, layers, blocks):
+    """The section's GPT: on CPU narrower than the main table's (width 64, batch 4x32), so
+    that 12 cold compiles up to 16 unrolled layers fit in a few minutes."""
+    cfg = base["cfg"].replace(n_layer=layers)
+    if size == "small":
+        cfg = cfg.replace(n_embd=64, n_head=2, block_size=32)
+        return dict(base, cfg=cfg, batch=4, items=4 * 32, blocks=blocks)
+    return dict(base, cfg=cfg, blocks=blocks)
+
+
 def run_scan(setups, args, torchtpu):
-    """The GPT at 2/4/8 layers, blocks unrolled vs scanned (torchtpu.scan_layers), fused mode.
-    Per depth the two run back to back, so each pair shares the machine's state."""
+    """The GPT at 2/4/8/16 layers, blocks unrolled, scanned (torchtpu.scan_layers) and stacked
+    (torchtpu.StackedLayers), fused mode; per depth the three run back to back, so that they
+    share the machine's state. Compile time counts every graph of the first steps."""
     base = setups["gpt"]
     rows = []
-    for layers in (2, 4, 8):
-        for scanned in (False, True):
-            setup = dict(base, cfg=base["cfg"].replace(n_layer=layers), scan=scanned)
-            name = "scanned" if scanned else "unrolled"
-            print(f"  gpt fused layers={layers:2d} {name:8s} ...", end=" ", flush=True)
+    for layers in (2, 4, 8, 16):
+        for blocks in BLOCKS:
+            setup = scan_setup(base, args.size, layers, blocks)
+            print(f"  gpt fused layers={layers:2d} {blocks:8s} ...", end=" ", flush=True)
             try:
-                r = run_single("tpu-fused", setup, args, torchtpu, warmup=1, repeats=max(3, args.repeats // 2))
-                print(f"step {r['median_step_s'] * 1e3:.1f} ms, compile {r['compile_s_total']:.2f} s, "
-                      f"first step {r['first_step_s']:.2f} s, loss {r['final_loss']:.4f}", flush=True)
+                r = _run_scan_variant(setup, args, torchtpu)
+                print(f"step {r['median_step_s'] * 1e3:.1f} ms, compile {r['compile_s_total']:.2f} s "
+                      f"({r['graphs_compiled_total']} graphs), first steps {r['prepare_cpu_s']:.2f} CPU s, "
+                      f"loss {r['final_loss']:.4f}", flush=True)
             except Exception as exc:
                 r = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 print("FAILED", r["error"], flush=True)
-            rows.append(dict(layers=layers, scanned=scanned, median_step_s=r.get("median_step_s"),
-                             compile_s=r.get("compile_s_total"), first_step_s=r.get("first_step_s"),
-                             final_loss=r.get("final_loss"), error=r.get("error")))
+            ops = (r.get("counters_per_step") or {}).get("ops_traced_per_step")
+            rows.append(dict(layers=layers, blocks=blocks, median_step_s=r.get("median_step_s"),
+                             compile_s=r.get("compile_s_total"), graphs=r.get("graphs_compiled_total"),
+                             prepare_cpu_s=r.get("prepare_cpu_s"),
+                             ops_per_step=ops, first_step_s=r.get("first_step_s"),
+                             final_loss=r.get("final_loss"), config=_cfg_dict(setup["cfg"]), batch=setup["batch"],
+                             error=r.get("error")))
     return rows
 
 
+def _run_scan_variant(setup, args, torchtpu):
+    """run_single, plus the CPU time of the first steps (this process, all threads): on a
+    shared machine the compile's wall time swings 2-3x with the load, its CPU time far less."""
+    runner = make_runner("tpu-fused", setup, torchtpu)
+    try:
+        cpu0 = time.process_time()
+        res = prepare(runner, warmup=1)
+        res["prepare_cpu_s"] = time.process_time() - cpu0
+        for _ in range(max(3, args.repeats // 2)):
+            timed_step(runner, res)
+        return finish(res)
+    finally:
+        runner.close()
+
+
 def scan_table(rows):
-    by = {(r["layers"], r["scanned"]): r for r in rows}
+    """One row per depth; per variant the compile time (wall) and the first steps' CPU time,
+    each with its growth from half the depth, the step time and the ops traced per step."""
+    by = {(r["layers"], r.get("blocks")): r for r in rows}
     out = []
-    for (layers, scanned), r in sorted(by.items()):
-        prev = by.get((layers // 2, scanned))
-        grow = (f"{r['compile_s'] / prev['compile_s']:.2f}x"
-                if prev and r.get("compile_s") and prev.get("compile_s") else "")
-        other = by.get((layers, not scanned))
-        step_ratio = (f"{r['median_step_s'] / other['median_step_s']:.2f}x"
-                      if scanned and other and r.get("median_step_s") and other.get("median_step_s") else "")
-        ms = lambda v: f"{v * 1e3:.1f}" if v else ""  # noqa: E731
-        out.append([layers, "scanned" if scanned else "unrolled",
-                    ms(r.get("median_step_s")) or r.get("error") or "", step_ratio,
-                    f"{r['compile_s']:.2f}" if r.get("compile_s") is not None else "", grow,
-                    f"{r['first_step_s']:.2f}" if r.get("first_step_s") else "",
-                    f"{r['final_loss']:.4f}" if r.get("final_loss") is not None else ""])
-    return markdown_table(["layers", "blocks", "step ms", "step scanned/unrolled", "compile s (all graphs)",
-                           "compile(2x depth)/compile(depth)", "first step s", "final loss"], out)
+    for layers in sorted({r["layers"] for r in rows}):
+        compile_cells, cpu_cells, step_cells, op_cells, losses = [], [], [], [], []
+        for blocks in BLOCKS:
+            r, prev = by.get((layers, blocks), {}), by.get((layers // 2, blocks), {})
+            for key, cells in (("compile_s", compile_cells), ("prepare_cpu_s", cpu_cells)):
+                c = r.get(key)
+                grow = f" ({c / prev[key]:.2f}x)" if c and prev.get(key) else ""
+                cells.append(f"{c:.1f}{grow}" if c is not None else (r.get("error") or "")[:40])
+            step_cells.append(f"{r['median_step_s'] * 1e3:.1f}" if r.get("median_step_s") else "")
+            op_cells.append(f"{r['ops_per_step']:.0f}" if r.get("ops_per_step") is not None else "")
+            losses.append(f"{r['final_loss']:.4f}" if r.get("final_loss") is not None else "-")
+        out.append([layers, *compile_cells, *cpu_cells, *step_cells, *op_cells, " / ".join(losses)])
+    names = ["unrolled", "scan_layers", "StackedLayers"]
+    return markdown_table(["layers"] + [f"compile s {n} (x from half depth)" for n in names]
+                          + [f"first steps CPU s {n} (x)" for n in names] + [f"step ms {n}" for n in names] + [f"ops/step {n}" for n in names]
+                          + ["final loss (same order)"], out)
 
 
 # --------------------------------------------------------------------------
@@ -827,7 +874,7 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
         if scaling:
             sections += ["## LM scaling (fused)\n", scaling_table(scaling), ""]
         if scan:
-            sections += ["## Depth-flat compiles: GPT blocks unrolled vs torchtpu.scan_layers (fused)\n",
+            sections += ["## Depth-flat compiles: GPT blocks unrolled vs scan_layers vs StackedLayers (fused)\n",
                          scan_table(scan), ""]
         if perop:
             sections += ["## Per-op overhead\n", perop_table(perop), ""]
@@ -969,7 +1016,7 @@ def main(argv=None):
         print("\n== LM scaling (fused) ==")
         scaling = run_scaling(setups, args, torchtpu, results)
     if "scan" not in skip and "gpt" in setups and torchtpu is not None:
-        print("\n== depth-flat compiles: unrolled vs scanned blocks (fused) ==")
+        print("\n== depth-flat compiles: blocks unrolled vs scan_layers vs StackedLayers (fused) ==")
         scan = run_scan(setups, args, torchtpu)
     if "firststep" not in skip:
         print("\n== first step in fresh processes: cold cache, then warm cache ==")

@@ -87,8 +87,9 @@ class StackedLayers(nn.Module):
     def _loop(self, x, extra, stacked, stacked_buffers):
         """The plain loop: layer i is the template called on row i of every stacked tensor."""
         names = self._param_names + self._buffer_names
+        rows = [t.unbind(0) for t in stacked + stacked_buffers]  # one backward (a stack), not one per row
         for i in range(self.depth):
-            state = {n: t[i] for n, t in zip(names, stacked + stacked_buffers)}
+            state = {n: r[i] for n, r in zip(names, rows)}
             x = functional_call(self.layer, state, (x, *extra))
         return x
 
