@@ -200,6 +200,10 @@ def test_bad_input_raises():
         torchtpu.StackedLayers(ScaledMLP, depth=0)
     with pytest.raises(TypeError, match="factory must be a function"):
         torchtpu.StackedLayers(ScaledMLP(), depth=2)
+    with pytest.raises(TypeError, match=r"takes a sequence of layers .* got type"):
+        torchtpu.StackedLayers(ScaledMLP)
+    with pytest.raises(TypeError, match=r"takes a sequence of layers .* got ScaledMLP"):
+        torchtpu.StackedLayers(ScaledMLP())
     stack = torchtpu.StackedLayers(ScaledMLP, depth=2).to("tpu")
     scale = torch.ones(16, device="tpu")
     with pytest.raises(TypeError, match="x must be a floating-point tensor, got a tensor of dtype torch.int64"):

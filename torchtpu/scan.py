@@ -26,7 +26,8 @@ def scan_layers(layers, x: torch.Tensor, *extra):
 
     Under torch.compile, or off the tpu device, this is the plain loop (Dynamo traces the
     layers as usual). Layers that draw random numbers (dropout > 0) or read tensors on the
-    host raise ValueError.
+    host raise ValueError. ``torchtpu.StackedLayers`` stores the parameters stacked instead, so
+    that the optimizer's step does not grow with depth either.
     """
     layers = list(layers)
     param_names, buffer_names = check_structure(layers, "torchtpu.scan_layers")

@@ -50,6 +50,10 @@ class StackedLayers(nn.Module):
             if not isinstance(depth, int) or depth < 1:
                 raise ValueError(f"{_WHO}: depth must be a positive int, got {depth!r}")
             layers = [layers() for _ in range(depth)]
+        one_module = isinstance(layers, nn.Module) and not isinstance(layers, (nn.ModuleList, nn.Sequential))
+        if one_module or not hasattr(layers, "__iter__"):
+            raise TypeError(f"{_WHO} takes a sequence of layers (an nn.ModuleList, say) or (factory, depth); "
+                            f"got {type(layers).__name__}")
         layers = list(layers)
         if not layers:
             raise ValueError(f"{_WHO}: needs at least one layer")
