@@ -292,9 +292,9 @@ BufferPtr Engine::materialize(const ValuePtr& value) {
   compute(value);
   if (value->pending() && in_body_)
     throw std::invalid_argument(
-        "torchtpu.scan_layers: the layer reads a tensor on the host (.item(), printing, a data-dependent "
-        "branch or an op without a tpu lowering); a scanned layer must stay on the device - run these "
-        "layers in an ordinary loop instead");
+        "torchtpu.scan_layers / StackedLayers: the layer reads a tensor on the host (.item(), printing, a "
+        "data-dependent branch or an op without a tpu lowering); a scanned layer must stay on the device - run "
+        "these layers in an ordinary loop instead");
   if (value->padded_only()) compute_unpadded(value);
   run_checks_locked();
   if (!value->buffer) throw std::logic_error("torchtpu: a tensor was not computed by its graph");
@@ -1022,9 +1022,10 @@ std::shared_ptr<const Subgraph> Engine::end_body(const std::vector<ValuePtr>& ou
     const LoweringRule* rule = find_lowering(node->op);
     if (!rule) throw std::logic_error("torchtpu: no lowering for " + node->op.name());
     if (rule->random)
-      throw std::invalid_argument("torchtpu.scan_layers: the layer draws random numbers (" + node->op.name() +
-                                  "); random ops are not supported inside scan_layers yet - set dropout to 0 "
-                                  "or run these layers in an ordinary loop");
+      throw std::invalid_argument("torchtpu.scan_layers / StackedLayers: the layer draws random numbers (" +
+                                  node->op.name() +
+                                  "); random ops are not supported inside the loop yet - set dropout to 0 or run "
+                                  "these layers in an ordinary loop");
     // The body's scalars are constants of its module: the loop body is compiled once.
     bool had_lifted = false;
     for (Arg& arg : node->args) had_lifted |= std::exchange(arg.lifted, false);
