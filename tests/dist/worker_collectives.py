@@ -122,6 +122,69 @@ def check_dtype(report, rank, world, dtype, tag):
     report.equal(f"{tag} scatter", x, data(10 + rank, dtype))
 
 
+def split_sizes(sender, world):
+    """Rows rank `sender` sends to each rank: uneven, with a zero among them."""
+    return [(3 * sender + 2 * j) % (world + 3) for j in range(world)]
+
+
+def check_uneven_all_to_all(report, rank, world, dtype, tag, gloo):
+    """all_to_all_single with split sizes and all_to_all of tensors of different shapes
+    (MoE expert parallelism), against gloo on the same data as CPU tensors (the oracle)."""
+    in_splits = split_sizes(rank, world)
+    out_splits = [split_sizes(r, world)[rank] for r in range(world)]
+    mine = data(rank, dtype, n=3 * sum(in_splits)).reshape(-1, 3)
+    want = torch.empty(sum(out_splits), 3, dtype=dtype)
+    dist.all_to_all_single(want, mine, out_splits, in_splits, group=gloo)
+    out = torch.empty(sum(out_splits), 3, dtype=dtype, device="tpu")
+    dist.all_to_all_single(out, mine.to("tpu"), out_splits, in_splits)
+    report.equal(f"{tag} all_to_all_single with split sizes", out, want)
+    # Only the output's splits given: the input's dim 0 splits evenly.
+    even = data(rank + 3, dtype, n=2 * world)
+    sizes = [2] * world
+    want = torch.empty(2 * world, dtype=dtype)
+    dist.all_to_all_single(want, even, sizes, group=gloo)
+    out = torch.empty(2 * world, dtype=dtype, device="tpu")
+    dist.all_to_all_single(out, even.to("tpu"), sizes)
+    report.equal(f"{tag} all_to_all_single with output split sizes", out, want)
+
+    # Tensor j (to rank j) has shape (rank + j + 1, j + 1); gloo has no list all_to_all,
+    # so its all_to_all_single on the flattened tensors is the oracle.
+    inputs = [data(10 * rank + j, dtype, n=(rank + j + 1) * (j + 1)).reshape(rank + j + 1, j + 1) for j in range(world)]
+    shapes = [(r + rank + 1, rank + 1) for r in range(world)]
+    flat = torch.empty(sum(a * b for a, b in shapes), dtype=dtype)
+    dist.all_to_all_single(flat, torch.cat([t.reshape(-1) for t in inputs]), [a * b for a, b in shapes],
+                           [t.numel() for t in inputs], group=gloo)
+    outs = [torch.empty(shape, dtype=dtype, device="tpu") for shape in shapes]
+    dist.all_to_all(outs, [t.to("tpu") for t in inputs])
+    for r, piece in enumerate(flat.split([a * b for a, b in shapes])):
+        report.equal(f"{tag} all_to_all of different shapes [{r}]", outs[r], piece.reshape(shapes[r]))
+
+
+def check_premul_sum(report, rank, world, dtype, tag):
+    """ReduceOp.PREMUL_SUM (FSDP's gradient pre-division): each rank's tensor times the
+    factor, then summed; a float or a tensor factor; CUDA's TypeError for integers."""
+    inputs = [data(r, dtype, n=2 * world) for r in range(world)]
+    if not dtype.is_floating_point:
+        try:
+            dist.all_reduce(inputs[rank].to("tpu"), op=dist._make_nccl_premul_sum(0.5))
+            report.failures.append(f"{tag} PREMUL_SUM of integers: no error")
+        except TypeError as error:
+            report.equal(f"{tag} PREMUL_SUM of integers", str(error).split("\n")[0],
+                         "PreMulSum Data type must be half, float, bfloat16 or double")
+        return
+    # Factors that are powers of two: the products are exact in every dtype.
+    for factor in (0.25, torch.tensor([0.5], dtype=dtype)):
+        kind = "tensor" if isinstance(factor, torch.Tensor) else "float"
+        scale = float(factor)
+        want = sum(t * scale for t in inputs)
+        x = inputs[rank].to("tpu")
+        dist.all_reduce(x, op=dist._make_nccl_premul_sum(factor))
+        report.equal(f"{tag} all_reduce PREMUL_SUM ({kind} factor)", x, want)
+        out = torch.empty(2, dtype=dtype, device="tpu")
+        dist.reduce_scatter_tensor(out, inputs[rank].to("tpu"), op=dist._make_nccl_premul_sum(factor))
+        report.equal(f"{tag} reduce_scatter_tensor PREMUL_SUM ({kind} factor)", out, want.chunk(world)[rank])
+
+
 def check_mismatches(report, rank):
     """Ranks that all_reduce tensors of other shapes, then of other dtypes: each rank gets an
     error naming every rank's call (recorded in report.values), and the group still works."""
@@ -143,12 +206,16 @@ def main():
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     report = Report()
+    gloo = dist.new_group(backend="gloo")  # the oracle for CPU tensors
     quick = len(sys.argv) > 2 and sys.argv[2] == "quick"  # one mode and dtype (the two-node test)
     for mode in ("fused",) if quick else ("debug", "strict", "fused"):
         with torchtpu.mode(mode):
             for dtype in (torch.float32,) if quick else DTYPES:
                 tag = f"{mode} {dtype}"
                 report.run(tag, lambda: check_dtype(report, rank, world, dtype, tag))
+                if not quick:
+                    report.run(f"{tag} uneven", lambda: check_uneven_all_to_all(report, rank, world, dtype, tag, gloo))
+                    report.run(f"{tag} premul", lambda: check_premul_sum(report, rank, world, dtype, tag))
                 torchtpu.sync(wait=True)
     if not quick:
         report.run("mismatches", lambda: check_mismatches(report, rank))
