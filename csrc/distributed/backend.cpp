@@ -11,6 +11,7 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Utils.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
@@ -24,6 +25,23 @@ namespace torchtpu {
 namespace {
 
 std::atomic<bool> g_collective_checks{true};
+
+// c10d keeps a functional collective's Work (DTensor's, tensor parallel's) registered until
+// wait_tensor() on its output, which DTensor leaves to the AsyncCollectiveTensor it wraps the
+// output in. On tpu that wrapper sits inside a functional tensor whose ops read the value
+// without dispatching through it, so nothing waited: the registry grew by one Work per
+// collective (a leak over a training run) and PyTorch warned at exit of "unwaited collective
+// calls". A tpu Work is complete when issued (its result is a pending graph value), so each
+// one leaves the registry at the next collective, at shutdown() and at exit.
+std::mutex g_issued_mutex;
+std::vector<c10::weak_intrusive_ptr<c10d::Work>> g_issued;
+
+c10::intrusive_ptr<c10d::Work> issue(c10::intrusive_ptr<c10d::Work> work) {
+  release_collective_works();
+  std::lock_guard<std::mutex> lock(g_issued_mutex);
+  g_issued.emplace_back(work);
+  return work;
+}
 
 const LoweringRule* collective_rule(const char* name) {
   const LoweringRule* rule = find_lowering(name);
@@ -273,13 +291,16 @@ class TpuBackend final : public c10d::Backend {
     at::Tensor token = wrap_for_user(make_tensor(zeros_value(TensorType{{1}, DType::Int32}, device)));
     at::Tensor reduced = all_reduce(token, c10d::ReduceOp::SUM);
     Engine::get().sync(false);
-    return c10::make_intrusive<TpuWork>(getRank(), c10d::OpType::BARRIER, std::vector<at::Tensor>{},
-                                        value_of(reduced, device));
+    return issue(c10::make_intrusive<TpuWork>(getRank(), c10d::OpType::BARRIER, std::vector<at::Tensor>{},
+                                              value_of(reduced, device)));
   }
 
   // destroy_process_group(): this rank's pending collectives run first; another rank may be
   // waiting for them (a rank that read a result flushed its graph, this one may not have).
-  void shutdown() override { Engine::get().sync(true); }
+  void shutdown() override {
+    Engine::get().sync(true);
+    release_collective_works();
+  }
 
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return sequence_; }
@@ -481,7 +502,7 @@ class TpuBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> work(c10d::OpType type, std::vector<at::Tensor> outputs) {
-    return c10::make_intrusive<TpuWork>(getRank(), type, std::move(outputs));
+    return issue(c10::make_intrusive<TpuWork>(getRank(), type, std::move(outputs)));
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -563,6 +584,16 @@ c10::intrusive_ptr<c10d::Backend> make_tpu_backend(const c10::intrusive_ptr<c10d
 }
 
 void set_collective_checks(bool enabled) { g_collective_checks = enabled; }
+
+void release_collective_works() {
+  std::vector<c10::weak_intrusive_ptr<c10d::Work>> issued;
+  {
+    std::lock_guard<std::mutex> lock(g_issued_mutex);
+    issued.swap(g_issued);
+  }
+  for (auto& weak : issued)
+    if (c10::intrusive_ptr<c10d::Work> work = weak.lock()) c10d::unregister_work(work);
+}
 
 void register_c10d_functionalization() {
   static bool done = false;

@@ -141,6 +141,68 @@ def train_tensor_parallel(report, mode, world, mesh):
         report.close(f"{mode} tensor parallel parameter {i}", p.full_tensor(), want, atol=1e-5)  # float32 AdamW
 
 
+def train_fsdp2_compiled(report, rank, world, mesh):
+    # The usual FSDP2 + torch.compile recipe: each block compiled whole (fullgraph: no graph
+    # break, so its forward and backward are tpu graphs), then sharded; FSDP2's hooks run
+    # eagerly between the blocks.
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = make_model().to("tpu")
+    for i, layer in enumerate(model):
+        if isinstance(layer, torch.nn.Linear):
+            model[i] = torch.compile(layer, backend="tpu", fullgraph=True)
+            fully_shard(model[i], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    for x, y in batches(world):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[mine].to("tpu")), y[mine].to("tpu")).backward()
+        opt.step()
+    report.equal("compiled FSDP2: graphs compiled", counters["stats"]["unique_graphs"], 2)
+    for i, (p, want) in enumerate(zip(model.parameters(), reference(world))):
+        report.close(f"compiled FSDP2 parameter {i}", p.full_tensor(), want, atol=1e-5)  # AdamW in float32
+
+
+def train_tensor_parallel_compiled(report, world, mesh):
+    # The whole tensor-parallel model as one graph (fullgraph), DTensor collectives included.
+    model = parallelize_module(make_model().to("tpu"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    compiled = torch.compile(model, backend="tpu", fullgraph=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for x, y in batches(world):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(compiled(x.to("tpu")), y.to("tpu")).backward()
+        opt.step()
+    for i, (p, want) in enumerate(zip(model.parameters(), reference(world))):
+        report.close(f"compiled tensor parallel parameter {i}", p.full_tensor(), want, atol=1e-5)  # float32 AdamW
+    # Finished tpu Works leave c10d's registry of functional collectives' Works (DTensor's
+    # outputs are never waited on tpu); the barrier is the next collective.
+    dist.barrier()
+    report.equal("c10d work registry after tensor parallel training",
+                 torch._C._distributed_c10d._get_work_registry_size(), 0)
+
+
+def check_fsdp2_gradient_divide_factor(report, rank, world, mesh):
+    # A divide factor other than the world size makes FSDP2 reduce-scatter gradients with
+    # ReduceOp.PREMUL_SUM(1 / factor): the sum over ranks of each rank's gradient / factor.
+    factor = 4.0
+    model = make_model().to("tpu")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh).set_gradient_divide_factor(factor)
+    fully_shard(model, mesh=mesh).set_gradient_divide_factor(factor)
+    x, y = next(batches(world))
+    mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    torch.nn.functional.cross_entropy(model(x[mine].to("tpu")), y[mine].to("tpu")).backward()
+    oracle = make_model()
+    torch.nn.functional.cross_entropy(oracle(x), y).backward()  # the mean over every rank's rows
+    for i, (p, want) in enumerate(zip(model.parameters(), oracle.parameters())):
+        # Rank r's gradient is its mean over PER_RANK rows, so the sum is world x the oracle's.
+        report.close(f"FSDP2 gradient / divide factor {i}", p.grad.full_tensor(), want.grad * world / factor,
+                     atol=1e-6)  # measured 2.3e-8: float32 sums
+
+
 def load_single_process_checkpoint(report, mesh, out_dir):
     model = make_model().to("tpu")
     fully_shard(model, mesh=mesh)
@@ -168,6 +230,9 @@ def main():
     for mode in ("strict", "fused"):
         with torchtpu.mode(mode):
             report.run(f"{mode} tensor parallel", lambda: train_tensor_parallel(report, mode, world, mesh))
+    report.run("compiled FSDP2", lambda: train_fsdp2_compiled(report, rank, world, mesh))
+    report.run("compiled tensor parallel", lambda: train_tensor_parallel_compiled(report, world, mesh))
+    report.run("FSDP2 gradient divide factor", lambda: check_fsdp2_gradient_divide_factor(report, rank, world, mesh))
     write(report, rank)
     dist.destroy_process_group()
 
