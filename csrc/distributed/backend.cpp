@@ -27,11 +27,10 @@ namespace {
 std::atomic<bool> g_collective_checks{true};
 
 // c10d keeps a functional collective's Work (DTensor's, tensor parallel's) registered until
-// wait_tensor() on its output, which DTensor leaves to the AsyncCollectiveTensor it wraps the
-// output in. On tpu that wrapper sits inside a functional tensor whose ops read the value
-// without dispatching through it, so nothing waited: the registry grew by one Work per
-// collective (a leak over a training run) and PyTorch warned at exit of "unwaited collective
-// calls". A tpu Work is complete when issued (its result is a pending graph value), so each
+// wait_tensor() on its output, which DTensor leaves to the AsyncCollectiveTensor it returns.
+// On tpu, functionalization (tpu tensors are functional wrappers) hands back a plain tensor
+// instead, so nothing waited: the registry grew by one Work per collective (a leak over a
+// training run) and PyTorch warned at exit of "unwaited collective calls". A tpu Work is complete when issued (its result is a pending graph value), so each
 // one leaves the registry at the next collective, at shutdown() and at exit.
 std::mutex g_issued_mutex;
 std::vector<c10::weak_intrusive_ptr<c10d::Work>> g_issued;

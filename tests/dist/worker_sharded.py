@@ -77,6 +77,25 @@ def check_compiled_functional_collectives(report, rank, world, mesh):
     report.equal("executables per compiled call", torchtpu.metrics.counters()["execute_count"] - before, 1)
 
 
+def check_compiled_uneven_all_to_all(report, rank, world, mesh):
+    # MoE-style uneven all_to_all_single (a functional collective) in a compiled graph: rank r
+    # sends SPLITS[r][j] rows to rank j (inputs of different sizes per rank); the second call
+    # replays the captured executable.
+    import torch.distributed._functional_collectives as funcol
+
+    splits = [[1, 3], [2, 0]]  # for 2 ranks (the launch's)
+    everyone = [torch.arange(4.0), torch.arange(2.0) + 10]
+    received = [splits[r][rank] for r in range(world)]
+
+    def step(x):
+        return funcol.all_to_all_single(x * 2, received, splits[rank], mesh.get_group()) + 1
+
+    compiled = torch.compile(step, backend="tpu")
+    want = torch.cat([everyone[r].split(splits[r])[rank] for r in range(world)]) * 2 + 1
+    report.equal("compiled uneven all_to_all_single", compiled(everyone[rank].to("tpu")), want)
+    report.equal("compiled uneven all_to_all_single, again", compiled(everyone[rank].to("tpu")), want)
+
+
 def check_dtensor(report, rank, world, mesh):
     for dtype in (torch.float32, torch.int64):
         full = torch.arange(48).reshape(4, 12).to(dtype) * 3 - 7
@@ -222,6 +241,7 @@ def main():
     report.run("functional collectives",
                lambda: check_functional_collectives(report, rank, world, mesh.get_group().group_name))
     report.run("compiled functional collectives", lambda: check_compiled_functional_collectives(report, rank, world, mesh))
+    report.run("compiled uneven all_to_all", lambda: check_compiled_uneven_all_to_all(report, rank, world, mesh))
     report.run("dtensor", lambda: check_dtensor(report, rank, world, mesh))
     for mode in ("strict", "fused"):
         with torchtpu.mode(mode):
