@@ -160,6 +160,36 @@ def check_uneven_all_to_all(report, rank, world, dtype, tag, gloo):
         report.equal(f"{tag} all_to_all of different shapes [{r}]", outs[r], piece.reshape(shapes[r]))
 
 
+def check_uneven_all_to_all_errors_and_counters(report, rank, world):
+    """Split sizes that do not add up raise c10d's own errors on every rank (before anything
+    is exchanged); in fused mode an uneven all_to_all joins the pending graph (its splits go
+    through the store, not the device), so the work around it is one executable."""
+    x = torch.zeros(4, 2, device="tpu")
+    for what, args, message in (("sum", ([1, 1], [3, 3]), "Split sizes doesn't match total dim 0 size"),
+                                ("count", ([2] * world, [4] + [0] * world), "Number of tensor splits not equal to group size")):
+        try:
+            dist.all_to_all_single(torch.zeros(2 * world, 2, device="tpu"), x, *args)
+            report.failures.append(f"all_to_all_single with bad split {what}: no error")
+        except RuntimeError as error:
+            report.equal(f"all_to_all_single with bad split {what}", message in str(error), True)
+    with torchtpu.mode("fused"):
+        mine = data(rank, torch.float32, n=sum(split_sizes(rank, world)))
+        received = [split_sizes(r, world)[rank] for r in range(world)]
+        torchtpu.sync(wait=True)
+        before = torchtpu.metrics.counters()
+        out = torch.empty(sum(received), device="tpu")
+        dist.all_to_all_single(out, (mine.to("tpu") * 2), received, split_sizes(rank, world))
+        total = (out + 1).sum()
+        torchtpu.sync(wait=True)
+        after = torchtpu.metrics.counters()
+        report.equal("fused uneven all_to_all: executables", after["execute_count"] - before["execute_count"], 1)
+        report.equal("fused uneven all_to_all: bytes to host", after["bytes_to_host"] - before["bytes_to_host"], 0)
+        blocks = [data(r, torch.float32, n=sum(split_sizes(r, world))).split(split_sizes(r, world))[rank]
+                  for r in range(world)]
+        want = (torch.cat(blocks) * 2 + 1).sum()
+        report.equal("fused uneven all_to_all: value", total, want)
+
+
 def check_premul_sum(report, rank, world, dtype, tag):
     """ReduceOp.PREMUL_SUM (FSDP's gradient pre-division): each rank's tensor times the
     factor, then summed; a float or a tensor factor; CUDA's TypeError for integers."""
@@ -218,6 +248,7 @@ def main():
                     report.run(f"{tag} premul", lambda: check_premul_sum(report, rank, world, dtype, tag))
                 torchtpu.sync(wait=True)
     if not quick:
+        report.run("uneven all_to_all errors", lambda: check_uneven_all_to_all_errors_and_counters(report, rank, world))
         report.run("mismatches", lambda: check_mismatches(report, rank))
     # Objects travel as uint8 tpu tensors (the backend's device).
     objects = [None] * world
