@@ -3,6 +3,8 @@
 // its result is stored into the user's tensor. Data never passes through the host.
 #include "distributed/backend.h"
 
+#include <sstream>
+
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/cat.h>
@@ -11,6 +13,7 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/StringUtil.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Utils.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -30,8 +33,9 @@ std::atomic<bool> g_collective_checks{true};
 // wait_tensor() on its output, which DTensor leaves to the AsyncCollectiveTensor it returns.
 // On tpu, functionalization (tpu tensors are functional wrappers) hands back a plain tensor
 // instead, so nothing waited: the registry grew by one Work per collective (a leak over a
-// training run) and PyTorch warned at exit of "unwaited collective calls". A tpu Work is complete when issued (its result is a pending graph value), so each
-// one leaves the registry at the next collective, at shutdown() and at exit.
+// training run) and PyTorch warned at exit of "unwaited collective calls". A tpu Work is
+// complete when issued (its result is a pending graph value), so each one leaves the
+// registry at the next collective, at shutdown() and at exit.
 std::mutex g_issued_mutex;
 std::vector<c10::weak_intrusive_ptr<c10d::Work>> g_issued;
 
@@ -233,11 +237,11 @@ class TpuBackend final : public c10d::Backend {
       at::Tensor rows = input.reshape({getSize(), -1});
       store_into(output, all_to_all_rows(rows).view(output.sizes()));
     } else {
-      int64_t row = input.numel() / std::max<int64_t>(input.size(0), 1);
-      TORCH_CHECK(input.size(0) == 0 || output.size(0) == 0 || row * output.size(0) == output.numel(),
+      int64_t row = c10::multiply_integers(input.sizes().slice(1));
+      TORCH_CHECK(c10::multiply_integers(output.sizes().slice(1)) == row,
                   "torchtpu: all_to_all_single needs input and output rows (dim 0 slices) of one size, got ",
                   input.sizes(), " and ", output.sizes());
-      at::Tensor received = all_to_all_split(input.reshape({input.size(0), -1}), splits_or_even(input_splits, input),
+      at::Tensor received = all_to_all_split(input.reshape({input.size(0), row}), splits_or_even(input_splits, input),
                                              splits_or_even(output_splits, output));
       if (received.defined()) store_into(output, received.view(output.sizes()));
     }
@@ -443,7 +447,7 @@ class TpuBackend final : public c10d::Backend {
   // stay static), and the padding is sliced off.
   at::Tensor all_to_all_split(const at::Tensor& rows, const std::vector<int64_t>& in_splits,
                               const std::vector<int64_t>& out_splits) {
-    int64_t block = largest_split_in_group(*std::max_element(in_splits.begin(), in_splits.end()));
+    int64_t block = largest_split_in_group(in_splits, out_splits);
     if (block == 0) return at::Tensor();
     std::vector<at::Tensor> padded;
     int64_t offset = 0;
@@ -458,16 +462,24 @@ class TpuBackend final : public c10d::Backend {
     return at::cat(blocks);
   }
 
-  // The largest split any rank passes to its all_to_all with split sizes: each rank knows
-  // only its own, so the k-th such call of the group exchanges them through the group's
-  // store (host ints: no device round trip, a fused step stays one executable).
-  int64_t largest_split_in_group(int64_t mine) {
-    if (getSize() == 1) return mine;
+  // The largest split of any rank's all_to_all with split sizes. Each rank knows only its
+  // own splits, so the k-th such call of the group exchanges them through the group's store
+  // (host ints: no device round trip, a fused step stays one executable), and every rank
+  // checks that what each rank expects to receive is what its peers send (else every rank
+  // raises the same error, rather than one hanging or reading padding).
+  int64_t largest_split_in_group(const std::vector<int64_t>& in_splits, const std::vector<int64_t>& out_splits) {
+    if (getSize() == 1) {
+      TORCH_CHECK(in_splits == out_splits, "torchtpu: all_to_all_single in a group of one rank sends ", in_splits[0],
+                  " rows to itself but expects ", out_splits[0]);
+      return in_splits[0];
+    }
     uint64_t call = split_exchanges_++;
     auto key = [](uint64_t c, int r) { return "torchtpu/all_to_all_split/" + std::to_string(c) + "/" + std::to_string(r); };
-    std::string text = std::to_string(mine);
+    std::vector<int64_t> mine(in_splits);
+    mine.insert(mine.end(), out_splits.begin(), out_splits.end());
+    std::string text = c10::Join(",", mine);
     store_->set(key(call, getRank()), std::vector<uint8_t>(text.begin(), text.end()));
-    int64_t largest = 0;
+    std::vector<std::vector<int64_t>> splits;  // per rank: its input splits, then its output splits
     for (int r = 0; r < getSize(); ++r) {
       std::vector<uint8_t> theirs;
       try {
@@ -477,12 +489,27 @@ class TpuBackend final : public c10d::Backend {
                     call + 1, " (rank ", getRank(), " waited for it): every rank must issue the same collectives "
                     "in the same order. ", error.what_without_backtrace());
       }
-      largest = std::max(largest, static_cast<int64_t>(std::stoll(std::string(theirs.begin(), theirs.end()))));
+      splits.push_back(parse_ints(std::string(theirs.begin(), theirs.end())));
     }
     // Each rank set its key of this call after reading every key of the previous one, so
     // this rank's previous key is read by all: deleting it keeps the store small.
     if (call > 0) store_->deleteKey(key(call - 1, getRank()));
+    int64_t largest = 0;
+    for (int from = 0; from < getSize(); ++from)
+      for (int to = 0; to < getSize(); ++to) {
+        int64_t sent = splits[from][to], expected = splits[to][getSize() + from];
+        TORCH_CHECK(sent == expected, "torchtpu: all_to_all split sizes do not match across ranks: rank ", from,
+                    " sends ", sent, " rows to rank ", to, ", which expects ", expected, " from it");
+        largest = std::max(largest, sent);
+      }
     return largest;
+  }
+
+  static std::vector<int64_t> parse_ints(const std::string& text) {
+    std::vector<int64_t> ints;
+    std::stringstream stream(text);
+    for (std::string item; std::getline(stream, item, ',');) ints.push_back(std::stoll(item));
+    return ints;
   }
 
   // Sends src's tensor to dst over a two-replica program (replicas in rank order).

@@ -162,7 +162,7 @@ def check_uneven_all_to_all(report, rank, world, dtype, tag, gloo):
 
 def check_uneven_all_to_all_errors_and_counters(report, rank, world):
     """Split sizes that do not add up raise c10d's own errors on every rank (before anything
-    is exchanged); in fused mode an uneven all_to_all joins the pending graph (its splits go
+    is exchanged), split sizes that disagree across ranks raise on every rank; in fused mode an uneven all_to_all joins the pending graph (its splits go
     through the store, not the device), so the work around it is one executable."""
     x = torch.zeros(4, 2, device="tpu")
     for what, args, message in (("sum", ([1, 1], [3, 3]), "Split sizes doesn't match total dim 0 size"),
@@ -172,6 +172,15 @@ def check_uneven_all_to_all_errors_and_counters(report, rank, world):
             report.failures.append(f"all_to_all_single with bad split {what}: no error")
         except RuntimeError as error:
             report.equal(f"all_to_all_single with bad split {what}", message in str(error), True)
+    # Rank 0 expects two rows from the last rank, which sends one: every rank raises, naming them.
+    received = [1] * (world - 1) + [2 if rank == 0 else 1]
+    try:
+        dist.all_to_all_single(torch.zeros(sum(received), device="tpu"), torch.zeros(world, device="tpu"), received,
+                               [1] * world)
+        report.failures.append("all_to_all_single with split sizes that differ across ranks: no error")
+    except RuntimeError as error:
+        report.equal("all_to_all_single with split sizes that differ across ranks",
+                     f"rank {world - 1} sends 1 rows to rank 0, which expects 2 from it" in str(error), True)
     with torchtpu.mode("fused"):
         mine = data(rank, torch.float32, n=sum(split_sizes(rank, world)))
         received = [split_sizes(r, world)[rank] for r in range(world)]
