@@ -150,11 +150,13 @@ def train_fsdp2(report, mode, rank, world, mesh, out_dir):
 
 def train_tensor_parallel(report, mode, world, mesh):
     # Every rank sees the whole batch; the two Linear layers are split column- then row-wise.
+    # "compiled": the whole model as one graph (fullgraph), DTensor collectives included.
     model = parallelize_module(make_model().to("tpu"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    forward = torch.compile(model, backend="tpu", fullgraph=True) if mode == "compiled" else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for x, y in batches(world):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x.to("tpu")), y.to("tpu")).backward()
+        torch.nn.functional.cross_entropy(forward(x.to("tpu")), y.to("tpu")).backward()
         opt.step()
     for i, (p, want) in enumerate(zip(model.parameters(), reference(world))):
         report.close(f"{mode} tensor parallel parameter {i}", p.full_tensor(), want, atol=1e-5)  # float32 AdamW
@@ -184,17 +186,7 @@ def train_fsdp2_compiled(report, rank, world, mesh):
         report.close(f"compiled FSDP2 parameter {i}", p.full_tensor(), want, atol=1e-5)  # AdamW in float32
 
 
-def train_tensor_parallel_compiled(report, world, mesh):
-    # The whole tensor-parallel model as one graph (fullgraph), DTensor collectives included.
-    model = parallelize_module(make_model().to("tpu"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    compiled = torch.compile(model, backend="tpu", fullgraph=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for x, y in batches(world):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(compiled(x.to("tpu")), y.to("tpu")).backward()
-        opt.step()
-    for i, (p, want) in enumerate(zip(model.parameters(), reference(world))):
-        report.close(f"compiled tensor parallel parameter {i}", p.full_tensor(), want, atol=1e-5)  # float32 AdamW
+def check_work_registry_drained(report):
     # Finished tpu Works leave c10d's registry of functional collectives' Works (DTensor's
     # outputs are never waited on tpu); the barrier is the next collective.
     dist.barrier()
@@ -251,7 +243,8 @@ def main():
         with torchtpu.mode(mode):
             report.run(f"{mode} tensor parallel", lambda: train_tensor_parallel(report, mode, world, mesh))
     report.run("compiled FSDP2", lambda: train_fsdp2_compiled(report, rank, world, mesh))
-    report.run("compiled tensor parallel", lambda: train_tensor_parallel_compiled(report, world, mesh))
+    report.run("compiled tensor parallel", lambda: train_tensor_parallel(report, "compiled", world, mesh))
+    report.run("c10d work registry", lambda: check_work_registry_drained(report))
     report.run("FSDP2 gradient divide factor", lambda: check_fsdp2_gradient_divide_factor(report, rank, world, mesh))
     write(report, rank)
     dist.destroy_process_group()
