@@ -161,9 +161,10 @@ def check_uneven_all_to_all(report, rank, world, dtype, tag, gloo):
 
 
 def check_uneven_all_to_all_errors_and_counters(report, rank, world):
-    """Split sizes that do not add up raise c10d's own errors on every rank (before anything
-    is exchanged), split sizes that disagree across ranks raise on every rank; in fused mode an uneven all_to_all joins the pending graph (its splits go
-    through the store, not the device), so the work around it is one executable."""
+    """Split sizes that do not add up raise c10d's own errors (before anything is exchanged),
+    and split sizes that disagree across ranks raise on every rank. In fused mode an uneven
+    all_to_all joins the pending graph (its splits go through the store, not the device), so
+    the work around it is one executable."""
     x = torch.zeros(4, 2, device="tpu")
     for what, args, message in (("sum", ([1, 1], [3, 3]), "Split sizes doesn't match total dim 0 size"),
                                 ("count", ([2] * world, [4] + [0] * world), "Number of tensor splits not equal to group size")):
