@@ -79,11 +79,13 @@ def _join_job(store, rank: int, world_size: int, timeout_s: float) -> None:
 
 def _run_pending_collectives() -> None:
     """At exit: collectives this rank issued but never needed the results of still run (the
-    other ranks wait for them), for scripts that end without destroy_process_group()."""
+    other ranks wait for them), for scripts that end without destroy_process_group(); and
+    their Works leave c10d's registry (else PyTorch warns of unwaited collective calls)."""
     try:
         _C.sync(True)
     except RuntimeError:
         pass  # a peer is gone: the ranks that still wait report it
+    _C.release_collective_works()
 
 
 def _absent_ranks(store, world_size: int) -> list:

@@ -3,10 +3,19 @@
 // its result is stored into the user's tensor. Data never passes through the host.
 #include "distributed/backend.h"
 
+#include <sstream>
+
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/StringUtil.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Utils.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
 
@@ -19,6 +28,23 @@ namespace torchtpu {
 namespace {
 
 std::atomic<bool> g_collective_checks{true};
+
+// c10d keeps a functional collective's Work (DTensor's, tensor parallel's) registered until
+// wait_tensor() on its output, which DTensor leaves to the AsyncCollectiveTensor it returns.
+// On tpu, functionalization (tpu tensors are functional wrappers) hands back a plain tensor
+// instead, so nothing waited: the registry grew by one Work per collective (a leak over a
+// training run) and PyTorch warned at exit of "unwaited collective calls". A tpu Work is
+// complete when issued (its result is a pending graph value), so each one leaves the
+// registry at the next collective, at shutdown() and at exit.
+std::mutex g_issued_mutex;
+std::vector<c10::weak_intrusive_ptr<c10d::Work>> g_issued;
+
+c10::intrusive_ptr<c10d::Work> issue(c10::intrusive_ptr<c10d::Work> work) {
+  release_collective_works();
+  std::lock_guard<std::mutex> lock(g_issued_mutex);
+  g_issued.emplace_back(work);
+  return work;
+}
 
 const LoweringRule* collective_rule(const char* name) {
   const LoweringRule* rule = find_lowering(name);
@@ -203,30 +229,46 @@ class TpuBackend final : public c10d::Backend {
                                                 std::vector<int64_t>& input_splits,
                                                 const c10d::AllToAllOptions&) override {
     check_same_type(output, input, "output");
-    TORCH_CHECK(output.numel() == input.numel(), "torchtpu: all_to_all_single needs input and output of one size");
-    TORCH_CHECK(input.dim() > 0 && input.size(0) % getSize() == 0,
-                "torchtpu: all_to_all_single splits dim 0 of the input (", input.sizes(), ") into ", getSize(),
-                " equal blocks; its size must be divisible by the group size");
-    check_even_splits(input_splits, input.size(0), "input_split_sizes");
-    check_even_splits(output_splits, output.size(0), "output_split_sizes");
-    at::Tensor rows = input.reshape({getSize(), -1});
-    store_into(output, all_to_all_rows(rows).view(output.sizes()));
+    TORCH_CHECK(input.dim() > 0 && output.dim() > 0, "torchtpu: all_to_all_single splits dim 0; got a 0-d tensor");
+    c10d::checkSplitSizes(input_splits, input, getSize());
+    c10d::checkSplitSizes(output_splits, output, getSize());
+    if (input_splits.empty() && output_splits.empty()) {
+      TORCH_CHECK(output.numel() == input.numel(), "torchtpu: all_to_all_single needs input and output of one size");
+      at::Tensor rows = input.reshape({getSize(), -1});
+      store_into(output, all_to_all_rows(rows).view(output.sizes()));
+    } else {
+      int64_t row = c10::multiply_integers(input.sizes().slice(1));
+      TORCH_CHECK(c10::multiply_integers(output.sizes().slice(1)) == row,
+                  "torchtpu: all_to_all_single needs input and output rows (dim 0 slices) of one size, got ",
+                  input.sizes(), " and ", output.sizes());
+      at::Tensor received = all_to_all_split(input.reshape({input.size(0), row}), splits_or_even(input_splits, input),
+                                             splits_or_even(output_splits, output));
+      if (received.defined()) store_into(output, received.view(output.sizes()));
+    }
     return work(c10d::OpType::ALLTOALL_BASE, {output});
   }
 
+  // Tensors of any shapes: their elements, flattened, travel as an all_to_all_single with
+  // one split per tensor.
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                            const c10d::AllToAllOptions&) override {
     TORCH_CHECK(static_cast<int>(inputs.size()) == getSize() && outputs.size() == inputs.size(),
                 "torchtpu: all_to_all takes one input and one output tensor per rank");
+    std::vector<at::Tensor> flat;
+    std::vector<int64_t> sent, received;
     for (size_t i = 0; i < inputs.size(); ++i) {
       check_same_type(inputs[i], inputs[0], "input");
       check_same_type(outputs[i], inputs[0], "output");
-      TORCH_CHECK(inputs[i].sizes() == inputs[0].sizes() && outputs[i].sizes() == inputs[0].sizes(),
-                  "torchtpu: all_to_all on tpu needs tensors of one shape (uneven all_to_all is not supported yet)");
+      flat.push_back(inputs[i].reshape({-1, 1}));
+      sent.push_back(inputs[i].numel());
+      received.push_back(outputs[i].numel());
     }
-    at::Tensor rows = at::stack(inputs).reshape({getSize(), -1});
-    at::Tensor received = all_to_all_rows(rows);
-    for (int r = 0; r < getSize(); ++r) store_into(outputs[r], received.select(0, r).view(outputs[r].sizes()));
+    at::Tensor all = all_to_all_split(at::cat(flat), sent, received);
+    int64_t offset = 0;
+    for (at::Tensor& out : outputs) {
+      if (all.defined()) store_into(out, all.narrow(0, offset, out.numel()).view(out.sizes()));
+      offset += out.numel();
+    }
     return work(c10d::OpType::ALLTOALL, outputs);
   }
 
@@ -252,13 +294,16 @@ class TpuBackend final : public c10d::Backend {
     at::Tensor token = wrap_for_user(make_tensor(zeros_value(TensorType{{1}, DType::Int32}, device)));
     at::Tensor reduced = all_reduce(token, c10d::ReduceOp::SUM);
     Engine::get().sync(false);
-    return c10::make_intrusive<TpuWork>(getRank(), c10d::OpType::BARRIER, std::vector<at::Tensor>{},
-                                        value_of(reduced, device));
+    return issue(c10::make_intrusive<TpuWork>(getRank(), c10d::OpType::BARRIER, std::vector<at::Tensor>{},
+                                              value_of(reduced, device)));
   }
 
   // destroy_process_group(): this rank's pending collectives run first; another rank may be
   // waiting for them (a rank that read a result flushed its graph, this one may not have).
-  void shutdown() override { Engine::get().sync(true); }
+  void shutdown() override {
+    Engine::get().sync(true);
+    release_collective_works();
+  }
 
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return sequence_; }
@@ -289,12 +334,8 @@ class TpuBackend final : public c10d::Backend {
     }
   }
 
-  void check_even_splits(const std::vector<int64_t>& splits, int64_t rows, const char* what) {
-    if (splits.empty()) return;
-    TORCH_CHECK(static_cast<int>(splits.size()) == getSize(), "torchtpu: ", what, " needs one size per rank");
-    for (int64_t s : splits)
-      TORCH_CHECK(s * getSize() == rows, "torchtpu: all_to_all_single with uneven ", what, " (", c10::IntArrayRef(splits),
-                  ") is not supported on tpu yet; split dim 0 evenly");
+  std::vector<int64_t> splits_or_even(const std::vector<int64_t>& splits, const at::Tensor& t) const {
+    return splits.empty() ? std::vector<int64_t>(getSize(), t.size(0) / getSize()) : splits;
   }
 
   // Records one collective node on the tensor's value; the result as a user tensor.
@@ -354,15 +395,27 @@ class TpuBackend final : public c10d::Backend {
   }
 
   static int64_t reduce_code(const c10d::ReduceOp& op, const at::Tensor& t) {
-    TORCH_CHECK(op.op_ != c10d::ReduceOp::PREMUL_SUM, "torchtpu: ReduceOp.PREMUL_SUM is not supported on tpu yet");
     bool bitwise = op.op_ == c10d::ReduceOp::BAND || op.op_ == c10d::ReduceOp::BOR || op.op_ == c10d::ReduceOp::BXOR;
     TORCH_CHECK(!bitwise || !at::isFloatingType(t.scalar_type()),
                 "Cannot use bitwise ReduceOps (BAND, BOR, BXOR) with floating point inputs");
-    return static_cast<int64_t>(op.op_);
+    return static_cast<int64_t>(op.op_ == c10d::ReduceOp::PREMUL_SUM ? c10d::ReduceOp::SUM : op.op_);
+  }
+
+  // PREMUL_SUM (FSDP's gradient pre-division): each rank's tensor times the factor, in the
+  // tensor's dtype as NCCL does, then summed. Other ops: the tensor itself.
+  static at::Tensor premultiplied(const at::Tensor& t, const c10d::ReduceOp& op) {
+    if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return t;
+    TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "PreMulSum Data type must be half, float, bfloat16 or double");
+    auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+    TORCH_CHECK(supplement, "torchtpu: ReduceOp.PREMUL_SUM needs a factor (torch.distributed._make_nccl_premul_sum)");
+    at::Tensor factor = supplement->tensor_factor.defined()
+                            ? supplement->tensor_factor.to(t.device(), t.scalar_type()).reshape({})
+                            : at::scalar_tensor(supplement->double_factor, t.options());
+    return at::mul(t, factor);
   }
 
   at::Tensor all_reduce(const at::Tensor& t, const c10d::ReduceOp& op) {
-    return record("torchtpu::all_reduce", {Arg::integer(reduce_code(op, t))}, t, tensor_type_of(t));
+    return record("torchtpu::all_reduce", {Arg::integer(reduce_code(op, t))}, premultiplied(t, op), tensor_type_of(t));
   }
 
   at::Tensor broadcast_from(const at::Tensor& t, int64_t root) {
@@ -378,12 +431,85 @@ class TpuBackend final : public c10d::Backend {
   // rows [size, m] -> [m]: the reduction of every rank's row `rank`.
   at::Tensor reduce_scatter_rows(const at::Tensor& rows, const c10d::ReduceOp& op) {
     TensorType out{{1, rows.size(1)}, to_dtype(rows.scalar_type())};
-    return record("torchtpu::reduce_scatter", {Arg::integer(reduce_code(op, rows))}, rows, out).reshape({-1});
+    return record("torchtpu::reduce_scatter", {Arg::integer(reduce_code(op, rows))}, premultiplied(rows, op), out)
+        .reshape({-1});
   }
 
   // rows [size, m]: row j goes to rank j; row i of the result came from rank i.
   at::Tensor all_to_all_rows(const at::Tensor& rows) {
     return record("torchtpu::all_to_all", {}, rows, tensor_type_of(rows));
+  }
+
+  // rows [N, m], block j (in_splits[j] rows) to rank j; returns the blocks received from
+  // every rank, in rank order ([sum(out_splits), m]), or an undefined tensor when no rank
+  // sends anything. The blocks are padded to the group's largest split, so one even
+  // all_to_all of one shape on every rank carries them (the splits are host ints: shapes
+  // stay static), and the padding is sliced off.
+  at::Tensor all_to_all_split(const at::Tensor& rows, const std::vector<int64_t>& in_splits,
+                              const std::vector<int64_t>& out_splits) {
+    int64_t block = largest_split_in_group(in_splits, out_splits);
+    if (block == 0) return at::Tensor();
+    std::vector<at::Tensor> padded;
+    int64_t offset = 0;
+    for (int64_t s : in_splits) {
+      padded.push_back(at::constant_pad_nd(rows.narrow(0, offset, s), {0, 0, 0, block - s}));
+      offset += s;
+    }
+    int64_t m = rows.size(1);
+    at::Tensor received = all_to_all_rows(at::cat(padded).reshape({getSize(), -1})).view({getSize(), block, m});
+    std::vector<at::Tensor> blocks;
+    for (int r = 0; r < getSize(); ++r) blocks.push_back(received.select(0, r).narrow(0, 0, out_splits[r]));
+    return at::cat(blocks);
+  }
+
+  // The largest split of any rank's all_to_all with split sizes. Each rank knows only its
+  // own splits, so the k-th such call of the group exchanges them through the group's store
+  // (host ints: no device round trip, a fused step stays one executable), and every rank
+  // checks that what each rank expects to receive is what its peers send (else every rank
+  // raises the same error, rather than one hanging or reading padding).
+  int64_t largest_split_in_group(const std::vector<int64_t>& in_splits, const std::vector<int64_t>& out_splits) {
+    if (getSize() == 1) {
+      TORCH_CHECK(in_splits == out_splits, "torchtpu: all_to_all_single in a group of one rank sends ", in_splits[0],
+                  " rows to itself but expects ", out_splits[0]);
+      return in_splits[0];
+    }
+    uint64_t call = split_exchanges_++;
+    auto key = [](uint64_t c, int r) { return "torchtpu/all_to_all_split/" + std::to_string(c) + "/" + std::to_string(r); };
+    std::vector<int64_t> mine(in_splits);
+    mine.insert(mine.end(), out_splits.begin(), out_splits.end());
+    std::string text = c10::Join(",", mine);
+    store_->set(key(call, getRank()), std::vector<uint8_t>(text.begin(), text.end()));
+    std::vector<std::vector<int64_t>> splits;  // per rank: its input splits, then its output splits
+    for (int r = 0; r < getSize(); ++r) {
+      std::vector<uint8_t> theirs;
+      try {
+        theirs = store_->get(key(call, r));  // waits for rank r, up to the store's timeout
+      } catch (const c10::Error& error) {
+        TORCH_CHECK(false, "torchtpu: rank ", r, " did not issue this process group's all_to_all with split sizes #",
+                    call + 1, " (rank ", getRank(), " waited for it): every rank must issue the same collectives "
+                    "in the same order. ", error.what_without_backtrace());
+      }
+      splits.push_back(parse_ints(std::string(theirs.begin(), theirs.end())));
+    }
+    // Each rank set its key of this call after reading every key of the previous one, so
+    // this rank's previous key is read by all: deleting it keeps the store small.
+    if (call > 0) store_->deleteKey(key(call - 1, getRank()));
+    int64_t largest = 0;
+    for (int from = 0; from < getSize(); ++from)
+      for (int to = 0; to < getSize(); ++to) {
+        int64_t sent = splits[from][to], expected = splits[to][getSize() + from];
+        TORCH_CHECK(sent == expected, "torchtpu: all_to_all split sizes do not match across ranks: rank ", from,
+                    " sends ", sent, " rows to rank ", to, ", which expects ", expected, " from it");
+        largest = std::max(largest, sent);
+      }
+    return largest;
+  }
+
+  static std::vector<int64_t> parse_ints(const std::string& text) {
+    std::vector<int64_t> ints;
+    std::stringstream stream(text);
+    for (std::string item; std::getline(stream, item, ',');) ints.push_back(std::stoll(item));
+    return ints;
   }
 
   // Sends src's tensor to dst over a two-replica program (replicas in rank order).
@@ -402,13 +528,14 @@ class TpuBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> work(c10d::OpType type, std::vector<at::Tensor> outputs) {
-    return c10::make_intrusive<TpuWork>(getRank(), type, std::move(outputs));
+    return issue(c10::make_intrusive<TpuWork>(getRank(), type, std::move(outputs)));
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::vector<int64_t> replica_devices_;  // global device ids of the members, in group-rank order (size > 1)
   std::chrono::milliseconds timeout_;
   uint64_t sequence_ = 0;
+  uint64_t split_exchanges_ = 0;  // all_to_all calls with split sizes so far (their store keys)
 };
 
 // ---- functionalization of c10d's in-place ops (see backend.h) --------------------------
@@ -483,6 +610,16 @@ c10::intrusive_ptr<c10d::Backend> make_tpu_backend(const c10::intrusive_ptr<c10d
 }
 
 void set_collective_checks(bool enabled) { g_collective_checks = enabled; }
+
+void release_collective_works() {
+  std::vector<c10::weak_intrusive_ptr<c10d::Work>> issued;
+  {
+    std::lock_guard<std::mutex> lock(g_issued_mutex);
+    issued.swap(g_issued);
+  }
+  for (auto& weak : issued)
+    if (c10::intrusive_ptr<c10d::Work> work = weak.lock()) c10d::unregister_work(work);
+}
 
 void register_c10d_functionalization() {
   static bool done = false;

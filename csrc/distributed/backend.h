@@ -24,4 +24,8 @@ void register_c10d_functionalization();
 // (default on; TORCHTPU_COLLECTIVE_CHECKS=0 turns it off, the same on every rank).
 void set_collective_checks(bool enabled);
 
+// Takes the tpu Works issued so far out of c10d's registry of functional collectives' Works
+// (they are complete when issued; see backend.cpp).
+void release_collective_works();
+
 }  // namespace torchtpu

@@ -174,6 +174,7 @@ PYBIND11_MODULE(_C, m) {
 
   // ---- torch.distributed (torchtpu/distributed.py, csrc/distributed) ----------------------
   register_c10d_functionalization();
+  m.def("release_collective_works", &release_collective_works);
   m.def("join_distributed", [](const std::string& address, int num_processes, int process_id, int init_timeout_s,
                                int heartbeat_timeout_s) {
     try {

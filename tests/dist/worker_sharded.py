@@ -77,6 +77,25 @@ def check_compiled_functional_collectives(report, rank, world, mesh):
     report.equal("executables per compiled call", torchtpu.metrics.counters()["execute_count"] - before, 1)
 
 
+def check_compiled_uneven_all_to_all(report, rank, world, mesh):
+    # MoE-style uneven all_to_all_single (a functional collective) in a compiled graph: rank r
+    # sends SPLITS[r][j] rows to rank j (inputs of different sizes per rank); the second call
+    # replays the captured executable.
+    import torch.distributed._functional_collectives as funcol
+
+    splits = [[1, 3], [2, 0]]  # for 2 ranks (the launch's)
+    everyone = [torch.arange(4.0), torch.arange(2.0) + 10]
+    received = [splits[r][rank] for r in range(world)]
+
+    def step(x):
+        return funcol.all_to_all_single(x * 2, received, splits[rank], mesh.get_group()) + 1
+
+    compiled = torch.compile(step, backend="tpu")
+    want = torch.cat([everyone[r].split(splits[r])[rank] for r in range(world)]) * 2 + 1
+    report.equal("compiled uneven all_to_all_single", compiled(everyone[rank].to("tpu")), want)
+    report.equal("compiled uneven all_to_all_single, again", compiled(everyone[rank].to("tpu")), want)
+
+
 def check_dtensor(report, rank, world, mesh):
     for dtype in (torch.float32, torch.int64):
         full = torch.arange(48).reshape(4, 12).to(dtype) * 3 - 7
@@ -131,14 +150,68 @@ def train_fsdp2(report, mode, rank, world, mesh, out_dir):
 
 def train_tensor_parallel(report, mode, world, mesh):
     # Every rank sees the whole batch; the two Linear layers are split column- then row-wise.
+    # "compiled": the whole model as one graph (fullgraph), DTensor collectives included.
     model = parallelize_module(make_model().to("tpu"), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    forward = torch.compile(model, backend="tpu", fullgraph=True) if mode == "compiled" else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for x, y in batches(world):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x.to("tpu")), y.to("tpu")).backward()
+        torch.nn.functional.cross_entropy(forward(x.to("tpu")), y.to("tpu")).backward()
         opt.step()
     for i, (p, want) in enumerate(zip(model.parameters(), reference(world))):
         report.close(f"{mode} tensor parallel parameter {i}", p.full_tensor(), want, atol=1e-5)  # float32 AdamW
+
+
+def train_fsdp2_compiled(report, rank, world, mesh):
+    # The usual FSDP2 + torch.compile recipe: each block compiled whole (fullgraph: no graph
+    # break, so its forward and backward are tpu graphs), then sharded; FSDP2's hooks run
+    # eagerly between the blocks.
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = make_model().to("tpu")
+    for i, layer in enumerate(model):
+        if isinstance(layer, torch.nn.Linear):
+            model[i] = torch.compile(layer, backend="tpu", fullgraph=True)
+            fully_shard(model[i], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    for x, y in batches(world):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[mine].to("tpu")), y[mine].to("tpu")).backward()
+        opt.step()
+    report.equal("compiled FSDP2: graphs compiled", counters["stats"]["unique_graphs"], 2)
+    for i, (p, want) in enumerate(zip(model.parameters(), reference(world))):
+        report.close(f"compiled FSDP2 parameter {i}", p.full_tensor(), want, atol=1e-5)  # AdamW in float32
+
+
+def check_work_registry_drained(report):
+    # Finished tpu Works leave c10d's registry of functional collectives' Works (DTensor's
+    # outputs are never waited on tpu); the barrier is the next collective.
+    dist.barrier()
+    report.equal("c10d work registry after tensor parallel training",
+                 torch._C._distributed_c10d._get_work_registry_size(), 0)
+
+
+def check_fsdp2_gradient_divide_factor(report, rank, world, mesh):
+    # A divide factor other than the world size makes FSDP2 reduce-scatter gradients with
+    # ReduceOp.PREMUL_SUM(1 / factor): the sum over ranks of each rank's gradient / factor.
+    factor = 4.0
+    model = make_model().to("tpu")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh).set_gradient_divide_factor(factor)
+    fully_shard(model, mesh=mesh).set_gradient_divide_factor(factor)
+    x, y = next(batches(world))
+    mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    torch.nn.functional.cross_entropy(model(x[mine].to("tpu")), y[mine].to("tpu")).backward()
+    oracle = make_model()
+    torch.nn.functional.cross_entropy(oracle(x), y).backward()  # the mean over every rank's rows
+    for i, (p, want) in enumerate(zip(model.parameters(), oracle.parameters())):
+        # Rank r's gradient is its mean over PER_RANK rows, so the sum is world x the oracle's.
+        report.close(f"FSDP2 gradient / divide factor {i}", p.grad.full_tensor(), want.grad * world / factor,
+                     atol=1e-6)  # measured 2.3e-8: float32 sums
 
 
 def load_single_process_checkpoint(report, mesh, out_dir):
@@ -160,6 +233,7 @@ def main():
     report.run("functional collectives",
                lambda: check_functional_collectives(report, rank, world, mesh.get_group().group_name))
     report.run("compiled functional collectives", lambda: check_compiled_functional_collectives(report, rank, world, mesh))
+    report.run("compiled uneven all_to_all", lambda: check_compiled_uneven_all_to_all(report, rank, world, mesh))
     report.run("dtensor", lambda: check_dtensor(report, rank, world, mesh))
     for mode in ("strict", "fused"):
         with torchtpu.mode(mode):
@@ -168,6 +242,10 @@ def main():
     for mode in ("strict", "fused"):
         with torchtpu.mode(mode):
             report.run(f"{mode} tensor parallel", lambda: train_tensor_parallel(report, mode, world, mesh))
+    report.run("compiled FSDP2", lambda: train_fsdp2_compiled(report, rank, world, mesh))
+    report.run("compiled tensor parallel", lambda: train_tensor_parallel(report, "compiled", world, mesh))
+    report.run("c10d work registry", lambda: check_work_registry_drained(report))
+    report.run("FSDP2 gradient divide factor", lambda: check_fsdp2_gradient_divide_factor(report, rank, world, mesh))
     write(report, rank)
     dist.destroy_process_group()
 
