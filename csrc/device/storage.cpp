@@ -35,14 +35,11 @@ TpuTensorImpl* tpu_impl(const at::Tensor& inner) {
 
 // What a tensor over a freed storage holds: a value that raises when an op reads it.
 ValuePtr freed_value(const at::Tensor& inner) {
-  auto value = std::make_shared<Value>();
-  value->type = TensorType{inner.sizes().vec(), to_dtype(inner.scalar_type())};
-  value->device = inner.device().index();
-  value->dropped = true;
-  value->error = std::make_exception_ptr(std::runtime_error(
+  static const std::exception_ptr freed = std::make_exception_ptr(std::runtime_error(
       "torchtpu: this tensor's tpu storage was freed (untyped_storage().resize_(0)); re-allocate it "
       "(untyped_storage().resize_(nbytes)) and write to it before reading it"));
-  return value;
+  return Engine::dropped_value(TensorType{inner.sizes().vec(), to_dtype(inner.scalar_type())},
+                               inner.device().index(), freed);
 }
 
 // Every wrapper over the storage re-reads the base at its next use: functionalization

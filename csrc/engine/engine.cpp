@@ -199,18 +199,20 @@ bool is_view_copy(const OpKind& op) {
 std::vector<ValuePtr> dropped_results(const std::vector<TensorType>& outputs, int device,
                                       const std::exception_ptr& error) {
   std::vector<ValuePtr> results;
-  for (const TensorType& type : outputs) {
-    auto value = std::make_shared<Value>();
-    value->type = type;
-    value->device = device;
-    value->error = error;
-    value->dropped = true;
-    results.push_back(std::move(value));
-  }
+  for (const TensorType& type : outputs) results.push_back(Engine::dropped_value(type, device, error));
   return results;
 }
 
 }  // namespace
+
+ValuePtr Engine::dropped_value(const TensorType& type, int device, std::exception_ptr error) {
+  auto value = std::make_shared<Value>();
+  value->type = type;
+  value->device = device;
+  value->error = std::move(error);
+  value->dropped = true;
+  return value;
+}
 
 std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
                                      std::vector<TensorType> outputs, int device,
