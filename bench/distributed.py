@@ -8,6 +8,9 @@ same MLP with the same per-rank batch in fused mode, and reports per step (stead
     host bytes      bytes copied to the device (the batch) and back (none)
     step time       median seconds per step; 2 ranks vs 1 is the communication overhead
                     at the same per-rank batch (on CPU the two ranks also share the cores)
+    memory          per rank, device bytes (torch.tpu.memory_allocated) held between steps
+                    (after optimizer.step(): parameters, gradients, AdamW state) and the
+                    peak over the steady steps, beside the model's unsharded parameter bytes
 
     python bench/distributed.py                  # alone
     python bench/run.py                          # as the "distributed" section of make bench
@@ -45,7 +48,11 @@ def _train(torchtpu, setup, wrap, rank):
     """Per-step seconds and counters of `setup['steps']` steady steps (after WARMUP)."""
     import torch
 
-    model = wrap(_model(setup["width"]).to("tpu"))
+    torchtpu.sync(wait=True)
+    start_bytes = torch.tpu.memory_allocated()
+    model = _model(setup["width"])
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model = wrap(model.to("tpu"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)
     batches = [(torch.randn(setup["batch"], setup["width"], generator=generator),
@@ -54,6 +61,7 @@ def _train(torchtpu, setup, wrap, rank):
     for step in range(WARMUP + setup["steps"]):
         if step == WARMUP:
             before = dict(torchtpu.metrics.counters())
+            torch.tpu.reset_peak_memory_stats()
         x, y = batches[step % len(batches)]
         start = time.perf_counter()
         opt.zero_grad()
@@ -66,7 +74,9 @@ def _train(torchtpu, setup, wrap, rank):
     per_step = {k: (after[k] - before[k]) / setup["steps"] for k in ("execute_count", "bytes_to_device",
                                                                       "bytes_to_host", "graphs_compiled")}
     batch_bytes = batches[0][0].numel() * 4 + batches[0][1].numel() * 8
-    return dict(step_s=statistics.median(times), batch_bytes=batch_bytes, **per_step)
+    memory = dict(param_bytes=param_bytes, between_steps_bytes=torch.tpu.memory_allocated() - start_bytes,
+                  peak_bytes=torch.tpu.max_memory_allocated() - start_bytes)
+    return dict(step_s=statistics.median(times), batch_bytes=batch_bytes, **memory, **per_step)
 
 
 def worker(out_dir, size):
@@ -126,13 +136,16 @@ def run_distributed(size="small", timeout=600):
                 continue
             row = dict(ranks[0][kind])
             row["step_s"] = max(r[kind]["step_s"] for r in ranks)  # a step ends when every rank's has
+            for key in ("between_steps_bytes", "peak_bytes"):  # the rank that holds most
+                row[key] = max(r[kind][key] for r in ranks)
             out[f"{kind}_{nproc}"] = row
     out["overhead"] = out["ddp_2"]["step_s"] / out["ddp_1"]["step_s"]
     for key in ("ddp_1", "ddp_2", "fsdp2_2"):
         r = out[key]
         print(f"  {key}: {r['step_s'] * 1e3:.1f} ms/step, {r['execute_count']:.1f} executables/step, "
-              f"{r['bytes_to_device']:.0f} B to device (batch {r['batch_bytes']} B), {r['bytes_to_host']:.0f} B to host",
-              flush=True)
+              f"{r['bytes_to_device']:.0f} B to device (batch {r['batch_bytes']} B), {r['bytes_to_host']:.0f} B to host, "
+              f"{r['between_steps_bytes'] / 2**20:.2f} MiB between steps, {r['peak_bytes'] / 2**20:.2f} MiB peak "
+              f"(parameters {r['param_bytes'] / 2**20:.2f} MiB)", flush=True)
     print(f"  2 ranks vs 1 (DDP, same per-rank batch): {out['overhead']:.2f}x step time", flush=True)
     return out
 
@@ -145,10 +158,14 @@ def distributed_table(result) -> str:
         r = result[key]
         ratio = f"{r['step_s'] / result['ddp_1']['step_s']:.2f}x"
         rows.append([name, f"{r['step_s'] * 1e3:.1f}", ratio, f"{r['execute_count']:.1f}",
-                     f"{r['bytes_to_device'] - r['batch_bytes']:.0f}", f"{r['bytes_to_host']:.0f}"])
+                     f"{r['bytes_to_device'] - r['batch_bytes']:.0f}", f"{r['bytes_to_host']:.0f}",
+                     f"{r['between_steps_bytes'] / r['param_bytes']:.2f}", f"{r['peak_bytes'] / r['param_bytes']:.2f}"])
     title = f"MLP width {result['width']}, batch {result['batch']} per rank, fused"
+    params = result["ddp_1"]["param_bytes"] / 2**20
     return markdown_table([title, "ms per step", "vs 1 process", "executables per step",
-                           "host->device bytes beyond the batch", "device->host bytes"], rows)
+                           "host->device bytes beyond the batch", "device->host bytes",
+                           f"per-rank memory between steps (x {params:.1f} MiB of parameters)",
+                           "per-rank peak memory (x parameters)"], rows)
 
 
 def main(argv=None):

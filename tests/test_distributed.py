@@ -195,6 +195,7 @@ def test_fsdp2_dtensor_tensor_parallel_checkpoints(tmp_path):
     result, reports = launch(tmp_path, "worker_sharded.py")
     assert_all_passed(result, reports)
     assert reports[0]["checks"] >= 40, reports[0]["checks"]
+    assert {"strict FSDP2 memory", "fused FSDP2 memory"} <= set(reports[0]["values"]), reports[0]["values"]
     model = make_model(seed=7).to("tpu")
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=out / "checkpoint")

@@ -19,6 +19,7 @@ COVERED_ELSEWHERE = {
     "module.to": "tests/test_device.py::test_model_to_keeps_tied_weights",
     "inference mode": "tests/test_device.py::test_inference_mode_runs_models_like_no_grad",
     "optimizer step": "tests/test_reliability.py::test_a_failed_optimizer_step_is_undone",
+    "storage resize": "tests/test_storage_resize.py::test_free_and_reallocate_like_cpu",
 }
 
 
@@ -28,16 +29,17 @@ def _patched_now():
 
 def test_every_torch_internal_is_patched_in_one_place():
     assert list(_patches.PATCHES) == ["functional check", "printing", "saving", "loading", "module.to",
-                                      "inference mode", "fakeification", "optimizer step"]
+                                      "inference mode", "fakeification", "storage resize", "optimizer step"]
     from torch._subclasses import meta_utils
     import torch._tensor_str as tensor_str
 
     inference_mode = torch.autograd.grad_mode.inference_mode
-    assert set(_patches._originals) == {  # nine torch internals (two methods of one class)
+    assert set(_patches._originals) == {  # ten torch internals (two methods of one class)
         (torch, "_is_functional_tensor"), (tensor_str, "_tensor_str"), (tensor_str, "_str"),
         (torch._C, "_has_storage"), (torch, "load"), (torch.nn.Module, "_apply"),
         (inference_mode, "__enter__"), (inference_mode, "__exit__"),
-        (meta_utils.MetaTensorDescriber, "describe_tensor"), (torch.optim.Optimizer, "profile_hook_step")}
+        (meta_utils.MetaTensorDescriber, "describe_tensor"), (torch.UntypedStorage, "resize_"),
+        (torch.optim.Optimizer, "profile_hook_step")}
     for (owner, attribute), original in _patches._originals.items():
         assert getattr(owner, attribute).__wrapped__ is original
 
@@ -82,6 +84,7 @@ def _changed_torch():
         ("inference mode", inference_mode, "__exit__", _other_signature, "takes"),
         ("inference mode", inference_mode, "__init__", _other_signature, "takes"),
         ("fakeification", meta_utils.MetaTensorDescriber, "describe_tensor", _broken, "takes"),
+        ("storage resize", torch.UntypedStorage, "resize_", None, "does not exist"),
         ("optimizer step", torch.optim.Optimizer, "profile_hook_step", _other_signature, "takes"),
         ("optimizer step", torch.optim.Optimizer, "_patch_step_function", _broken,
          "no longer reads profile_hook_step"),

@@ -14,6 +14,7 @@ Patched (PATCHES, in install order):
     module.to          torch.nn.Module._apply
     inference mode     torch.autograd.grad_mode.inference_mode.__enter__ / __exit__
     fakeification      torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor
+    storage resize     torch.UntypedStorage.resize_ (free and re-allocate a tpu storage)
     optimizer step     torch.optim.Optimizer.profile_hook_step (a step is a transaction)
 The end of an optimizer step uses PyTorch's public optimizer hooks (no patch, no guard).
 """
@@ -382,6 +383,30 @@ def _patch_fakeification():
         return dataclasses.replace(desc, is_functional=False)
 
     _replace(describer, "describe_tensor", describe_tensor)
+
+
+# ---------------------------------------------------------------------------------------
+# Storage resize: FSDP2 frees its unsharded parameters with untyped_storage().resize_(0) and
+# re-allocates them with resize_(nbytes) before the all-gather writes them.
+
+
+@patch("storage resize")
+def _patch_storage_resize():
+    # torch's resize_ refuses a storage without a host address and non-zero size ("invalid
+    # python storage"), which every tpu storage is; torchtpu._C frees or re-allocates its
+    # device data instead (csrc/device/storage.cpp).
+    original = checked("storage resize", torch.UntypedStorage, "resize_")
+
+    @functools.wraps(original)
+    def resize_(self, size):
+        if self.device.type != "tpu":
+            return original(self, size)
+        if not isinstance(size, int) or isinstance(size, bool):  # torch's own check and wording
+            raise RuntimeError(f"resize_ expects an int, but got {type(size).__name__}")
+        _C.resize_storage(self, size)
+        return self
+
+    _replace(torch.UntypedStorage, "resize_", resize_)
 
 
 # ---------------------------------------------------------------------------------------

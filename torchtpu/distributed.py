@@ -131,19 +131,24 @@ def _support_fsdp2() -> None:
 
     _patches._replace(torch.UntypedStorage, "data_ptr", tpu_data_ptr)
 
-    # Resharding frees the unsharded parameters' storages (resize_(0)); a tpu storage cannot
-    # be resized in place, and the next all-gather writes every element again, so on tpu the
-    # buffers stay (as with reshard_after_forward=False: more memory, same results).
-    from torch.distributed.fsdp._fully_shard import _fsdp_param
+    # Resharding frees the unsharded parameters' storages (free_storage: resize_(0), which
+    # frees a tpu storage's device data, csrc/device/storage.cpp). The unsharded parameter
+    # FSDP2 keeps between uses is a view of that storage that holds its own computed copy
+    # (functionalization's view_copy) until its next use; that copy is dropped too, so nothing
+    # holds unsharded data between the all-gathers.
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
 
-    free_storage = _patches.checked("fsdp2 free storage", _fsdp_param, "free_storage", params=["tensor"],
-                                    reads=["untyped_storage", "resize_"])
+    free_unsharded = _patches.checked("fsdp2 free unsharded parameters", FSDPParam, "free_unsharded_param",
+                                      params=["self"], reads=["free_storage", "all_gather_outputs"])
 
-    def keep_tpu_storage(tensor):
-        if tensor.device.type != "tpu":
-            free_storage(tensor)
+    def free_unsharded_param(self):
+        free_unsharded(self)
+        param = getattr(self, "_unsharded_param", None)
+        for tensor in (getattr(param, "_local_tensor", param), *self.all_gather_outputs):
+            if tensor is not None:
+                _C.release_freed_alias(tensor)
 
-    _patches._replace(_fsdp_param, "free_storage", keep_tpu_storage)
+    _patches._replace(FSDPParam, "free_unsharded_param", free_unsharded_param)
 
     # FSDP2's copy-out ops write into their `out` tensors; tpu tensors are functionalized, so
     # these ops get what functionalization needs: the same work in ATen ops, which it handles.

@@ -109,6 +109,11 @@ void TpuTensorImpl::set_value(ValuePtr value) {
   }
 }
 
+void TpuTensorImpl::replace_contents(ValuePtr value) {
+  view_.reset();
+  value_ = std::move(value);
+}
+
 void TpuTensorImpl::become_view(c10::intrusive_ptr<TpuTensorImpl> root, std::vector<int64_t> sizes,
                                 std::vector<int64_t> strides, int64_t offset) {
   while (root->view_) root = root->view_->root;  // geometry is always relative to the root

@@ -22,6 +22,9 @@ class TpuTensorImpl final : public c10::TensorImpl {
   // root, so the composite kernels PyTorch runs below functionalization (which take views
   // of fresh tensors and write into them) keep CPU semantics.
   void set_value(ValuePtr value);
+  // Gives this tensor new contents of its own shape without writing through to a root: a
+  // storage resize frees or re-allocates what the tensor holds (device/storage.cpp).
+  void replace_contents(ValuePtr value);
 
   // Inner tensors made by view ops (as_strided, transpose_, diagonal, ...) reaching the
   // backend: the view's geometry over its root's contiguous storage.

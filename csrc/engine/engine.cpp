@@ -180,6 +180,40 @@ ValuePtr Engine::from_buffer(BufferPtr buffer) {
   return value;
 }
 
+namespace {
+
+// The view_copy ops functionalization computes views with (ATen's view ops with "_copy"
+// appended) that have lowerings.
+bool is_view_copy(const OpKind& op) {
+  static const std::unordered_set<std::string> names = {
+      "aten::_conj_copy", "aten::_neg_view_copy", "aten::view_as_real_copy", "aten::view_as_complex_copy",
+      "aten::alias_copy", "aten::detach_copy", "aten::view_copy", "aten::_reshape_alias_copy",
+      "aten::unsqueeze_copy", "aten::squeeze_copy", "aten::squeeze_copy.dim", "aten::squeeze_copy.dims",
+      "aten::expand_copy", "aten::permute_copy", "aten::transpose_copy.int", "aten::t_copy",
+      "aten::slice_copy.Tensor", "aten::select_copy.int", "aten::as_strided_copy", "aten::diagonal_copy",
+      "aten::unfold_copy", "aten::split_copy.Tensor", "aten::split_with_sizes_copy", "aten::unbind_copy.int",
+      "aten::narrow_copy"};
+  return names.count(op.name()) > 0;
+}
+
+std::vector<ValuePtr> dropped_results(const std::vector<TensorType>& outputs, int device,
+                                      const std::exception_ptr& error) {
+  std::vector<ValuePtr> results;
+  for (const TensorType& type : outputs) results.push_back(Engine::dropped_value(type, device, error));
+  return results;
+}
+
+}  // namespace
+
+ValuePtr Engine::dropped_value(const TensorType& type, int device, std::exception_ptr error) {
+  auto value = std::make_shared<Value>();
+  value->type = type;
+  value->device = device;
+  value->error = std::move(error);
+  value->dropped = true;
+  return value;
+}
+
 std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
                                      std::vector<TensorType> outputs, int device,
                                      std::shared_ptr<const Subgraph> body) {
@@ -193,8 +227,11 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
       if (v->pending()) flush_locked(v->device, FlushReason::Observation);
   }
   // A value that can never be computed stays so: an op reading it raises its error.
-  for (const ValuePtr& v : operands)
-    if (v->error) std::rethrow_exception(v->error);
+  for (const ValuePtr& v : operands) {
+    if (!v->error) continue;
+    if (v->dropped && is_view_copy(op)) return dropped_results(outputs, device, v->error);
+    std::rethrow_exception(v->error);
+  }
   auto node = std::make_shared<Node>();
   node->op = op;
   node->args = std::move(args);

@@ -75,6 +75,9 @@ class Engine {
                                std::vector<TensorType> outputs, int device,
                                std::shared_ptr<const Subgraph> body = nullptr);
   ValuePtr from_buffer(BufferPtr buffer);
+  // A value whose contents were dropped (a freed storage): reading it raises `error`, view
+  // copies of it are dropped values too (Value::dropped).
+  static ValuePtr dropped_value(const TensorType& type, int device, std::exception_ptr error);
   // Runs the pending work that computes a value (an observation point): it then has a
   // buffer, or only a padded one (value->padded) when a bucketed graph computed it.
   void compute(const ValuePtr& value);

@@ -112,6 +112,10 @@ struct Value {
   // Set instead of a buffer when the value can never be computed (an op it depends on failed
   // to compile, or its buffer was lost to a failed execution): reading it raises this.
   std::exception_ptr error;
+  // With `error`: the value's contents were dropped (its tpu storage was freed). Reading it
+  // raises, but view copies of it are dropped values too: functionalization computes
+  // provisional views of stale tensors, which it regenerates before any read.
+  bool dropped = false;
 
   bool pending() const { return node != nullptr; }
   bool padded_only() const { return !node && !buffer && padded; }

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -14,6 +15,7 @@
 #include "device/kernels.h"
 #include "device/memory.h"
 #include "device/snapshot.h"
+#include "device/storage.h"
 #include "device/profiler.h"
 #include "device/scan.h"
 #include "device/tensor.h"
@@ -237,6 +239,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("memory_allocated", [](int d) { return device_bytes_in_use(d); });
   m.def("max_memory_allocated", [](int d) { return device_bytes_peak(d); });
   m.def("reset_peak_memory", [](int d) { reset_device_bytes_peak(d); });
+  // UntypedStorage.resize_ of a tpu storage (torchtpu/_patches.py "storage resize").
+  m.def("resize_storage", [](py::handle storage, int64_t nbytes) {
+    TORCH_CHECK_TYPE(THPStorage_Check(storage.ptr()), "resize_storage expects a torch.UntypedStorage");
+    translate_errors([&] {
+      resize_storage(THPStorage_Unpack(reinterpret_cast<THPStorage*>(storage.ptr())).unsafeGetStorageImpl(), nbytes);
+    });
+  });
+  m.def("release_freed_alias", [](const at::Tensor& t) { release_freed_alias(t); });
   // torch.cuda.memory_stats' main keys, plus the platform allocator's own numbers ("device.*").
   m.def("memory_stats", [](int d) {
     MemoryStats s = memory_stats(d);
