@@ -117,6 +117,42 @@ def _torchtpu_identity() -> str:
 _identity: str | None = None
 
 
+def cache_key(gm: torch.fx.GraphModule, example_inputs, aot_config, fx_config) -> str:
+    """AOTAutogradCache's key for a tpu backend call: everything PyTorch's own key holds for
+    AOTAutograd (Dynamo's graph with its constants, the inputs' metadata, the AOT config,
+    grad and autocast state, deterministic algorithms, functorch's config, activation
+    checkpointing hashes), then torch's version and torchtpu's part - but not the Inductor
+    part (Inductor's config, custom passes, its source hash), whose computation imports all
+    of Inductor's code generators and costs a warm process more than AOTAutograd itself.
+    Raises BypassAOTAutogradCache for graphs PyTorch deems uncacheable."""
+    from torch._functorch._aot_autograd import autograd_cache
+
+    with autograd_cache.sanitize_gm_for_cache(gm):
+        autograd_cache.check_cacheable(gm)
+        details = _details_class()(gm, example_inputs, aot_config, fx_config)
+        return "tpu" + autograd_cache.AOTAutogradCachePickler(gm).get_hash(details)
+
+
+def _details_class():
+    # Defined at first use (its base lives in torch._functorch's heavy cache module) and
+    # kept as a module global: the key's pickler names the class by reference.
+    global TpuCacheDetails
+    if "TpuCacheDetails" not in globals():
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCacheDetails
+
+        class TpuCacheDetails(AOTAutogradCacheDetails):
+            def _init_fx_graph_hash_details(self, gm, example_inputs, fx_config):
+                self.gm = gm
+                self.example_inputs = list(example_inputs)
+                self.default_dtype = torch.get_default_dtype()
+                self.torch_version = (torch.__version__, torch.version.git_version)
+                self.torchtpu = _torchtpu_identity()
+
+        TpuCacheDetails.__qualname__ = "TpuCacheDetails"
+        globals()["TpuCacheDetails"] = TpuCacheDetails
+    return TpuCacheDetails
+
+
 def full_key(torch_key: str) -> str:
     return f"aotautograd {torch_key}\n{_torchtpu_identity()}"
 

@@ -15,7 +15,8 @@ Patched (PATCHES, in install order):
     inference mode     torch.autograd.grad_mode.inference_mode.__enter__ / __exit__
     fakeification      torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor
     optimizer step     torch.optim.Optimizer.profile_hook_step (a step is a transaction)
-    compile cache      AOTAutogradCache.iterate_over_candidates and _write_to_local_cache
+    compile cache      AOTAutogradCache.iterate_over_candidates and _write_to_local_cache,
+                       torch._functorch._aot_autograd.autograd_cache.autograd_cache_key
                        (installed when torchtpu.compiler loads: torch._functorch's cache
                        module is too heavy to import with torchtpu)
 The end of an optimizer step uses PyTorch's public optimizer hooks (no patch, no guard).
@@ -535,15 +536,30 @@ def _patch_compile_cache():
     # (torchtpu/_compile_cache.py), but its local entries must live in torchtpu's private,
     # keyed cache folder, not in Inductor's shared /tmp one: while a tpu backend call caches
     # (on its thread), the cache reads and writes them there; any other call is untouched.
+    from torch._functorch._aot_autograd import autograd_cache
     from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
 
     from torchtpu import _compile_cache
 
+    key = checked("compile cache", autograd_cache, "autograd_cache_key",
+                  params=("mod", "example_inputs", "config", "compiler_config_extra"))
+    checked("compile cache", AOTAutogradCache, "try_load", reads=("autograd_cache_key", "create_fx_config"))
+    checked("compile cache", autograd_cache.AOTAutogradCacheDetails, "__init__",
+            reads=("_init_fx_graph_hash_details",))
     candidates = checked("compile cache", AOTAutogradCache, "iterate_over_candidates",
                          params=("local", "remote_cache", "key"))
     write = checked("compile cache", AOTAutogradCache, "_write_to_local_cache", params=("key", "content"))
     checked("compile cache", AOTAutogradCache, "find_guarded_entry", reads=("iterate_over_candidates",))
     checked("compile cache", AOTAutogradCache, "save", reads=("_write_to_local_cache",))
+
+    @functools.wraps(key)
+    def autograd_cache_key(mod, example_inputs, config, compiler_config_extra=None):
+        # Without Inductor's part, whose computation imports all of Inductor (see cache_key).
+        if not _compile_cache.active():
+            return key(mod, example_inputs, config, compiler_config_extra)
+        gm = mod.gm if isinstance(mod, torch._dynamo.utils.GmWrapper) else mod
+        fx_config = autograd_cache.create_fx_config(compiler_config_extra)
+        return _compile_cache.cache_key(gm, example_inputs, config, fx_config), []
 
     @functools.wraps(candidates)
     def iterate_over_candidates(cls, local, remote_cache, key):
@@ -557,6 +573,7 @@ def _patch_compile_cache():
             return _compile_cache.store(key, content)
         return write(key, content)
 
+    _replace(autograd_cache, "autograd_cache_key", autograd_cache_key)
     _replace(AOTAutogradCache, "iterate_over_candidates", iterate_over_candidates)
     _replace(AOTAutogradCache, "_write_to_local_cache", _write_to_local_cache)
 

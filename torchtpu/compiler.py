@@ -235,10 +235,17 @@ class TpuOutputCode(OutputCode):
                 value = getattr(self.gm, node.target, None)
                 if isinstance(value, torch.Tensor) and value.device.type != "cpu":
                     raise BypassAOTAutogradCache(f"torchtpu: the graph holds a {value.device.type} constant")
-        for node in self.gm.graph.nodes:  # what the runtime never reads (as aot_eager's OutputCode)
-            for name in ("nn_module_stack", "source_fn_stack", "example_value"):
-                node.meta.pop(name, None)
-        self._serialized_gm = GraphPickler.dumps(self.gm, Options(ops_filter=None))
+        # Nodes keep only their source line: the runtime reads no other metadata, and fake
+        # values would cost a warm process their rebuilding. The live graph keeps its own.
+        nodes = list(self.gm.graph.nodes)
+        metas = [node.meta for node in nodes]
+        try:
+            for node in nodes:
+                node.meta = {k: v for k, v in node.meta.items() if k == "stack_trace"}
+            self._serialized_gm = GraphPickler.dumps(self.gm, Options(ops_filter=None))
+        finally:
+            for node, meta in zip(nodes, metas):
+                node.meta = meta
         self.gm = None
         self.runtime = None
 
