@@ -1,7 +1,8 @@
 """Warm starts under torch.compile (torchtpu/_compile_cache.py): a process that finds what an
 earlier one stored in TORCHTPU_CACHE_DIR skips AOTAutograd (and XLA compiles) and computes
 exactly what the compiling process computed. Each test runs fresh processes on its own
-cache folder. Five processes of about 10 s each on an idle 2-core machine."""
+cache folder. About 90 s on the shared 2-core machine under load (47 s of CPU): five
+processes of a small training run, and one in-process test of the key (8 s)."""
 import json
 import pathlib
 import shutil
@@ -166,3 +167,33 @@ def test_no_cache_folder_stores_nothing_anywhere(tmp_path):
     assert r["counters"]["compile_cache_stores"] == 0 and r["counters"]["compile_graphs_traced"] == 3
     assert not (inductor / "aotautograd").exists()
     _assert_matches_cpu(r)
+
+
+def test_the_key_holds_torchtpus_identity_and_the_inputs_types(tmp_path, monkeypatch):
+    # In this process: each torch._dynamo.reset() makes the next call a fresh compile.
+    from torchtpu import _C, _compile_cache, metrics
+
+    previous = _C.cache_dir()
+    _C.set_cache_dir(str(tmp_path))
+    try:
+        def f(a):
+            return (a * 3).tanh() + 1
+
+        def compile_and_run(x):
+            torch._dynamo.reset()
+            before = metrics.counters()
+            out = torch.compile(f, backend="tpu")(x.to("tpu")).cpu()
+            torch.testing.assert_close(out, f(x))
+            after = metrics.counters()
+            return {k: after[k] - before[k] for k in ("compile_cache_hits", "compile_cache_stores")}
+
+        x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+        assert compile_and_run(x) == {"compile_cache_hits": 0, "compile_cache_stores": 1}
+        assert compile_and_run(x) == {"compile_cache_hits": 1, "compile_cache_stores": 0}
+        assert compile_and_run(x.double()) == {"compile_cache_hits": 0, "compile_cache_stores": 1}
+        monkeypatch.setattr(_compile_cache, "_identity", "torchtpu (another build)\n")
+        assert compile_and_run(x) == {"compile_cache_hits": 0, "compile_cache_stores": 1}
+        assert len(_entries(tmp_path)) == 3
+    finally:
+        torch._dynamo.reset()
+        _C.set_cache_dir(previous)
