@@ -197,3 +197,29 @@ def test_the_key_holds_torchtpus_identity_and_the_inputs_types(tmp_path, monkeyp
     finally:
         torch._dynamo.reset()
         _C.set_cache_dir(previous)
+
+
+def test_a_refused_folder_stores_nothing(tmp_path):
+    # A folder others can write is refused (as for executables): nothing stored, one warning.
+    import warnings
+
+    from torchtpu import _C, metrics
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    previous = _C.cache_dir()
+    _C.set_cache_dir(str(shared))
+    try:
+        torch._dynamo.reset()
+        before = metrics.counters()["compile_cache_stores"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = torch.compile(lambda a: a.exp() - 2, backend="tpu")(torch.ones(3).to("tpu")).cpu()
+        torch.testing.assert_close(out, torch.ones(3).exp() - 2)
+        assert metrics.counters()["compile_cache_stores"] == before
+        assert list(shared.iterdir()) == []
+        assert sum("not using the compilation cache" in str(w.message) for w in caught) == 1
+    finally:
+        torch._dynamo.reset()
+        _C.set_cache_dir(previous)

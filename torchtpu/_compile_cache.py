@@ -179,5 +179,5 @@ def load_candidates(torch_key: str):
 
 
 def store(torch_key: str, content: bytes) -> None:
-    _C.cache_store(ENTRY_KIND, full_key(torch_key), content)
-    _counts["compile_cache_stores"] += 1
+    if _C.cache_store(ENTRY_KIND, full_key(torch_key), content):  # False: no usable folder
+        _counts["compile_cache_stores"] += 1

@@ -149,9 +149,10 @@ std::optional<std::string> Engine::load_blob(const std::string& kind, const std:
   return disk_cache_.load(make_blob_key(key_text, kind), hooks_.warn);
 }
 
-void Engine::store_blob(const std::string& kind, const std::string& key_text, const std::string& payload) {
+bool Engine::store_blob(const std::string& kind, const std::string& key_text, const std::string& payload) {
   EngineLock lock;
   if (disk_cache_.active()) disk_cache_.store(make_blob_key(key_text, kind), payload, hooks_.warn);
+  return disk_cache_.active();  // the store itself may have found the folder refused
 }
 
 void Engine::remove_blob(const std::string& kind, const std::string& key_text) {

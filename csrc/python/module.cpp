@@ -237,7 +237,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cache_store", [](const std::string& kind, const std::string& key, const py::bytes& payload) {
     std::string data = payload;
     py::gil_scoped_release release;
-    Engine::get().store_blob(kind, key, data);
+    return Engine::get().store_blob(kind, key, data);
   });
   m.def("cache_remove", [](const std::string& kind, const std::string& key) { Engine::get().remove_blob(kind, key); },
         py::call_guard<py::gil_scoped_release>());
