@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 
+import torchtpu.compiler  # noqa: F401 - installs the patch that waits for it ("compile cache")
 from torchtpu import _patches
 from utils import run_python
 
@@ -20,6 +21,7 @@ COVERED_ELSEWHERE = {
     "inference mode": "tests/test_device.py::test_inference_mode_runs_models_like_no_grad",
     "optimizer step": "tests/test_reliability.py::test_a_failed_optimizer_step_is_undone",
     "storage resize": "tests/test_storage_resize.py::test_free_and_reallocate_like_cpu",
+    "compile cache": "tests/test_compile_cache.py::test_a_warm_process_skips_aot_autograd_and_trains_the_same",
 }
 
 
@@ -29,19 +31,24 @@ def _patched_now():
 
 def test_every_torch_internal_is_patched_in_one_place():
     assert list(_patches.PATCHES) == ["functional check", "printing", "saving", "loading", "module.to",
-                                      "inference mode", "fakeification", "storage resize", "optimizer step"]
+                                      "inference mode", "fakeification", "storage resize", "optimizer step",
+                                      "compile cache"]
+    assert _patches.LAZY == {"compile cache"}
+    from torch._functorch._aot_autograd import autograd_cache
     from torch._subclasses import meta_utils
     import torch._tensor_str as tensor_str
 
     inference_mode = torch.autograd.grad_mode.inference_mode
-    assert set(_patches._originals) == {  # ten torch internals (two methods of one class)
+    cache = autograd_cache.AOTAutogradCache
+    assert set(_patches._originals) == {  # thirteen torch internals (two methods of two classes)
         (torch, "_is_functional_tensor"), (tensor_str, "_tensor_str"), (tensor_str, "_str"),
         (torch._C, "_has_storage"), (torch, "load"), (torch.nn.Module, "_apply"),
         (inference_mode, "__enter__"), (inference_mode, "__exit__"),
         (meta_utils.MetaTensorDescriber, "describe_tensor"), (torch.UntypedStorage, "resize_"),
-        (torch.optim.Optimizer, "profile_hook_step")}
+        (torch.optim.Optimizer, "profile_hook_step"),
+        (autograd_cache, "autograd_cache_key"), (cache, "iterate_over_candidates"), (cache, "_write_to_local_cache")}
     for (owner, attribute), original in _patches._originals.items():
-        assert getattr(owner, attribute).__wrapped__ is original
+        assert getattr(owner, attribute).__wrapped__ == original  # == : a class method is bound anew
 
 
 def test_every_patch_passes_its_guard_on_this_torch(monkeypatch):
@@ -69,6 +76,7 @@ def _other_signature(self, something_else):
 
 
 def _changed_torch():
+    from torch._functorch._aot_autograd import autograd_cache
     from torch._subclasses import meta_utils
     import torch._tensor_str as tensor_str
 
@@ -88,6 +96,10 @@ def _changed_torch():
         ("optimizer step", torch.optim.Optimizer, "profile_hook_step", _other_signature, "takes"),
         ("optimizer step", torch.optim.Optimizer, "_patch_step_function", _broken,
          "no longer reads profile_hook_step"),
+        ("compile cache", autograd_cache, "autograd_cache_key", _other_signature, "takes"),
+        ("compile cache", autograd_cache.AOTAutogradCache, "save", _broken, "no longer reads _write_to_local_cache"),
+        ("compile cache", autograd_cache.AOTAutogradCacheDetails, "__init__", _broken,
+         "no longer reads _init_fx_graph_hash_details"),
     ]
 
 

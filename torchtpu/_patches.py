@@ -16,6 +16,10 @@ Patched (PATCHES, in install order):
     fakeification      torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor
     storage resize     torch.UntypedStorage.resize_ (free and re-allocate a tpu storage)
     optimizer step     torch.optim.Optimizer.profile_hook_step (a step is a transaction)
+    compile cache      AOTAutogradCache.iterate_over_candidates and _write_to_local_cache,
+                       torch._functorch._aot_autograd.autograd_cache.autograd_cache_key
+                       (installed when torchtpu.compiler loads: torch._functorch's cache
+                       module is too heavy to import with torchtpu)
 The end of an optimizer step uses PyTorch's public optimizer hooks (no patch, no guard).
 """
 from __future__ import annotations
@@ -36,14 +40,17 @@ class PatchError(RuntimeError):
 
 
 PATCHES: dict[str, Callable[[], None]] = {}
+LAZY = set()  # names of patches installed at their first use (install_lazy), not at load
 _originals: dict[tuple[object, str], object] = {}  # (owner, attribute) -> torch's own
 
 
-def patch(name: str):
-    """Registers an install function under a name (PATCHES, install())."""
+def patch(name: str, lazy: bool = False):
+    """Registers an install function under a name (PATCHES, install(), install_lazy())."""
 
     def register(fn):
         PATCHES[name] = fn
+        if lazy:
+            LAZY.add(name)
         return fn
 
     return register
@@ -88,9 +95,13 @@ def _restore() -> None:
 
 
 def _like(owner, attribute: str, function):
-    # A static method of a class stays one (getattr unwraps it; setattr must not).
-    if isinstance(inspect.getattr_static(owner, attribute, None), staticmethod):
+    # A static method or class method of a class stays one (getattr unwraps or binds it;
+    # setattr must not). A bound class method (torch's own, from getattr) goes back unbound.
+    kind = inspect.getattr_static(owner, attribute, None)
+    if isinstance(kind, staticmethod):
         return staticmethod(function)
+    if isinstance(kind, classmethod):
+        return classmethod(getattr(function, "__func__", function))
     return function
 
 
@@ -540,8 +551,61 @@ def _register_optimizer_hooks():
     register_optimizer_step_post_hook(flush_after_step)
 
 
+# ---------------------------------------------------------------------------------------
+# torch.compile's AOTAutograd cache in torchtpu's private folder.
+
+
+@patch("compile cache", lazy=True)
+def _patch_compile_cache():
+    # The tpu backend caches AOTAutograd's results with PyTorch's own AOTAutogradCache
+    # (torchtpu/_compile_cache.py), but its local entries must live in torchtpu's private,
+    # keyed cache folder, not in Inductor's shared /tmp one: while a tpu backend call caches
+    # (on its thread), the cache reads and writes them there; any other call is untouched.
+    from torch._functorch._aot_autograd import autograd_cache
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    from torchtpu import _compile_cache
+
+    key = checked("compile cache", autograd_cache, "autograd_cache_key",
+                  params=("mod", "example_inputs", "config", "compiler_config_extra"))
+    checked("compile cache", AOTAutogradCache, "try_load", reads=("autograd_cache_key", "create_fx_config"))
+    checked("compile cache", autograd_cache.AOTAutogradCacheDetails, "__init__",
+            reads=("_init_fx_graph_hash_details",))
+    candidates = checked("compile cache", AOTAutogradCache, "iterate_over_candidates",
+                         params=("local", "remote_cache", "key"))
+    write = checked("compile cache", AOTAutogradCache, "_write_to_local_cache", params=("key", "content"))
+    checked("compile cache", AOTAutogradCache, "find_guarded_entry", reads=("iterate_over_candidates",))
+    checked("compile cache", AOTAutogradCache, "save", reads=("_write_to_local_cache",))
+
+    @functools.wraps(key)
+    def autograd_cache_key(mod, example_inputs, config, compiler_config_extra=None):
+        # Without Inductor's part, whose computation imports all of Inductor (see cache_key).
+        if not _compile_cache.active():
+            return key(mod, example_inputs, config, compiler_config_extra)
+        gm = mod.gm if isinstance(mod, torch._dynamo.utils.GmWrapper) else mod
+        fx_config = autograd_cache.create_fx_config(compiler_config_extra)
+        return _compile_cache.cache_key(gm, example_inputs, config, fx_config), []
+
+    @functools.wraps(candidates)
+    def iterate_over_candidates(cls, local, remote_cache, key):
+        if _compile_cache.active():
+            return _compile_cache.load_candidates(key)
+        return candidates(local, remote_cache, key)
+
+    @functools.wraps(write)
+    def _write_to_local_cache(key, content):
+        if _compile_cache.active():
+            return _compile_cache.store(key, content)
+        return write(key, content)
+
+    _replace(autograd_cache, "autograd_cache_key", autograd_cache_key)
+    _replace(AOTAutogradCache, "iterate_over_candidates", iterate_over_candidates)
+    _replace(AOTAutogradCache, "_write_to_local_cache", _write_to_local_cache)
+
+
 _install_lock = threading.Lock()
 _installed = False
+_installed_lazy: set = set()
 
 
 def install():
@@ -551,10 +615,20 @@ def install():
         if _installed:
             return
         try:
-            for install_patch in PATCHES.values():
-                install_patch()
+            for name, install_patch in PATCHES.items():
+                if name not in LAZY:
+                    install_patch()
         except PatchError:
             _restore()  # torch as it was: a failed import of torchtpu leaves nothing behind
             raise
         _register_optimizer_hooks()
         _installed = True
+
+
+def install_lazy(name: str) -> None:
+    """Applies one patch that waits for its first use (LAZY), once."""
+    with _install_lock:
+        if name in _installed_lazy:
+            return
+        PATCHES[name]()
+        _installed_lazy.add(name)

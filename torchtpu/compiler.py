@@ -15,17 +15,24 @@ lowered through the same lowering table as eager mode:
 Graphs that cannot be captured as one executable (an op ran on CPU, or something forced a
 flush in the middle) keep running through the interpreter path, which is always correct.
 
+A second process skips AOTAutograd for graphs an earlier one compiled: AOTAutograd's result
+is cached on disk next to the executables (torchtpu/_compile_cache.py).
+
 Dynamo finds this backend by name through the `torch_dynamo_backends` entry point
 (pyproject.toml). Fakeification of tpu tensors needs a patch of PyTorch's MetaTensorDescriber
 (torchtpu/_patches.py, installed when torchtpu loads).
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 import torch
+from torch._inductor.output_code import OutputCode
 
-from torchtpu import _C, _buckets, _settings
+from torchtpu import _C, _buckets, _compile_cache, _patches, _settings
+
+_patches.install_lazy("compile cache")
 
 __all__ = ["tpu_backend"]
 
@@ -195,6 +202,72 @@ class _BucketedGraph:
         return padded.finish(out, sizes, self.num_user_outputs)
 
 
+# ---------------------------------------------------------------------------------------
+# The compiled form AOTAutograd caches (torchtpu/_compile_cache.py).
+
+
+@dataclasses.dataclass
+class TpuOutputCode(OutputCode):
+    """One aot graph (forward, backward or inference) compiled for tpu: `runtime` runs it
+    (compiler.py's _CompiledGraph or _BucketedGraph); on disk only the aten graph is kept
+    and the runtime is rebuilt around it when the entry loads."""
+
+    name: str = ""
+    gm: torch.fx.GraphModule | None = None
+    runtime: object = None
+    cacheable: bool = True  # False for graphs with symbolic sizes
+    _serialized_gm: bytes | None = dataclasses.field(default=None, init=False)
+
+    _boxed_call = True  # AOTAutograd calls it with one list of inputs
+
+    def __call__(self, inputs):
+        return self.runtime(*inputs)
+
+    def prepare_for_serialization(self) -> None:
+        # Called on a copy (BundledOutputCodeLoadable.pre_save): the live object keeps running.
+        from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+        from torch.fx._graph_pickler import GraphPickler, Options
+
+        if not self.cacheable:
+            raise BypassAOTAutogradCache("torchtpu: graphs with symbolic sizes are not cached")
+        for node in self.gm.graph.nodes:
+            if node.op == "get_attr":
+                value = getattr(self.gm, node.target, None)
+                if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                    raise BypassAOTAutogradCache(f"torchtpu: the graph holds a {value.device.type} constant")
+        # Nodes keep only their source line: the runtime reads no other metadata, and fake
+        # values would cost a warm process their rebuilding. The live graph keeps its own.
+        nodes = list(self.gm.graph.nodes)
+        metas = [node.meta for node in nodes]
+        try:
+            for node in nodes:
+                node.meta = {k: v for k, v in node.meta.items() if k == "stack_trace"}
+            self._serialized_gm = GraphPickler.dumps(self.gm, Options(ops_filter=None))
+        finally:
+            for node, meta in zip(nodes, metas):
+                node.meta = meta
+        self.gm = None
+        self.runtime = None
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        if self.runtime is not None:
+            return  # the compiling process's own object
+        from torch._subclasses import FakeTensorMode
+        from torch.fx._graph_pickler import GraphPickler
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        gm = GraphPickler.loads(self._serialized_gm, FakeTensorMode(shape_env=ShapeEnv()))
+        if not isinstance(gm, torch.fx.GraphModule):
+            raise TypeError(f"torchtpu: a cached torch.compile graph unpickled to {type(gm).__name__}")
+        gm.recompile()  # the unpickled module has its graph but no generated forward yet
+        self.gm = gm
+        self._serialized_gm = None
+        self.runtime = runtime_for_cached(gm, self.name)
+
+    def set_triton_bundle(self, triton_bundle) -> None:
+        pass
+
+
 def _make_compiler(name: str, saved_specs: dict):
     def compile_fx(gm: torch.fx.GraphModule, example_inputs):
         global fx_graphs_compiled
@@ -209,10 +282,19 @@ def _make_compiler(name: str, saved_specs: dict):
         else:
             compiled = _CompiledGraph(gm, name)
         fx_graphs_compiled += 1
+        _compile_cache.count_traced()
         _compiled_graphs.add(compiled)
         return compiled
 
     return compile_fx
+
+
+def runtime_for_cached(gm: torch.fx.GraphModule, name: str) -> _CompiledGraph:
+    """The runtime of a graph loaded from the compile cache (never one with symbolic sizes:
+    those are not cached)."""
+    compiled = _CompiledGraph(gm, name)
+    _compiled_graphs.add(compiled)
+    return compiled
 
 
 # For tests and debugging: how many FX graphs (forward, backward, inference) the backend
@@ -226,17 +308,22 @@ bucket_fallbacks: list[str] = []
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The "tpu" torch.compile backend (AOTAutograd: forward and backward graphs)."""
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
     saved_specs: dict = {}  # the forward's saved tensors' padding, for the backward
 
     def boxed(name):
+        # AOTAutograd gets an OutputCode it can cache (torchtpu/_compile_cache.py).
         inner = _make_compiler(name, saved_specs)
 
         def compiler(gm, example_inputs):
-            return make_boxed_func(inner(gm, example_inputs))
+            runtime = inner(gm, example_inputs)
+            code = TpuOutputCode(name=name, gm=gm, runtime=runtime,
+                                                cacheable=isinstance(runtime, _CompiledGraph))
+            code._boxed_call = True  # also on the instance: wrappers copy its __dict__
+            return code
 
-        return compiler
+        return SerializableAOTDispatchCompiler(TpuOutputCode, compiler)
 
     backend = aot_autograd(
         fw_compiler=boxed("forward"),
@@ -245,4 +332,5 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         decompositions=decompositions(),
         keep_inference_input_mutations=False,
     )
-    return backend(gm, example_inputs, **kwargs)
+    with _compile_cache.scope():
+        return backend(gm, example_inputs, **kwargs)

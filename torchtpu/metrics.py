@@ -1,10 +1,13 @@
 """Counters of what torchtpu did: ops traced, graphs compiled, cache hits, transfers, fallbacks."""
-from torchtpu import _C
+from torchtpu import _C, _compile_cache
 
 
 def counters() -> dict:
-    """A snapshot of the counters (see report() for a readable form)."""
-    return _C.counters()
+    """A snapshot of the counters (see report() for a readable form); compile_graphs_traced and
+    compile_cache_{hits,misses,stores} count torch.compile's AOTAutograd work and its cache."""
+    c = _C.counters()
+    c.update(_compile_cache.counters())
+    return c
 
 
 def recompilations() -> list:
@@ -21,13 +24,14 @@ def buckets() -> list:
 
 def reset() -> None:
     _C.reset_metrics()
+    _compile_cache.reset()
 
 
 def report() -> str:
     c = counters()
     lines = ["torchtpu metrics"]
     for key in ("ops_traced", "graphs_compiled", "cache_hits_memory", "cache_hits_disk", "execute_count",
-                "recompilations", "donated_buffers"):
+                "recompilations", "donated_buffers", "compile_graphs_traced", "compile_cache_hits"):
         lines.append(f"  {key:<18} {c[key]}")
     lines.append(f"  {'compile_seconds':<18} {c['compile_seconds']:.3f}")
     lines.append(f"  {'bytes_to_device':<18} {c['bytes_to_device']}")

@@ -89,6 +89,10 @@ CacheKey make_cache_key(const std::string& module_text, const std::string& compi
   return key;
 }
 
+CacheKey make_blob_key(const std::string& text, const std::string& kind) {
+  return CacheKey{text, digest(text) + "." + kind};
+}
+
 void DiskCache::set_dir(const std::string& dir) {
   dir_ = dir;
   state_ = State::Unchecked;

@@ -17,6 +17,9 @@ struct CacheKey {
 };
 CacheKey make_cache_key(const std::string& module_text, const std::string& compiler, const std::string& platform,
                         const std::string& options);
+// The key of a non-executable entry (torch.compile's AOTAutograd results, torchtpu/_compile_cache.py):
+// its full text is the caller's; the file name is a hash of it with `kind` as extension.
+CacheKey make_blob_key(const std::string& text, const std::string& kind);
 
 // A cached executable is native code the process runs, so the folder must be private: it is
 // created 0700 and its entries 0600 whatever the umask, and a folder that another user owns

@@ -143,6 +143,23 @@ void Engine::set_cache_dir(const std::string& dir) {
   disk_cache_.set_dir(dir);
 }
 
+std::optional<std::string> Engine::load_blob(const std::string& kind, const std::string& key_text) {
+  EngineLock lock;
+  if (!disk_cache_.active()) return std::nullopt;
+  return disk_cache_.load(make_blob_key(key_text, kind), hooks_.warn);
+}
+
+bool Engine::store_blob(const std::string& kind, const std::string& key_text, const std::string& payload) {
+  EngineLock lock;
+  if (disk_cache_.active()) disk_cache_.store(make_blob_key(key_text, kind), payload, hooks_.warn);
+  return disk_cache_.active();  // the store itself may have found the folder refused
+}
+
+void Engine::remove_blob(const std::string& kind, const std::string& key_text) {
+  EngineLock lock;
+  disk_cache_.remove(make_blob_key(key_text, kind));
+}
+
 void Engine::clear_memory_cache() {
   EngineLock lock;
   memory_cache_.clear();

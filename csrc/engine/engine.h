@@ -103,6 +103,13 @@ class Engine {
 
   void set_cache_dir(const std::string& dir);  // "" disables the disk cache
   const std::string& cache_dir() const { return disk_cache_.dir(); }
+  // Entries of other kinds in the same private folder (torch.compile's cached AOTAutograd
+  // results): the stored bytes for the full key text, or nothing (absent, damaged, another
+  // key's: warned as executables are).
+  std::optional<std::string> load_blob(const std::string& kind, const std::string& key_text);
+  // False when there is no usable folder (none set, or refused), so nothing was stored.
+  bool store_blob(const std::string& kind, const std::string& key_text, const std::string& payload);
+  void remove_blob(const std::string& kind, const std::string& key_text);
   void set_dump_dir(const std::string& dir) { dump_dir_ = dir; }
   void set_max_pending_ops(int64_t n) { max_pending_ops_ = n; }
   // The share of a device's memory torchtpu may fill (torch.tpu.set_per_process_memory_fraction):

@@ -227,6 +227,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_cache_dir", [](const std::string& dir) { Engine::get().set_cache_dir(dir); },
         py::call_guard<py::gil_scoped_release>());
   m.def("cache_dir", [] { return Engine::get().cache_dir(); });
+  // Non-executable entries of the disk cache (torchtpu/_compile_cache.py): bytes or None.
+  m.def("cache_load", [](const std::string& kind, const std::string& key) -> py::object {
+    std::optional<std::string> data;
+    {
+      py::gil_scoped_release release;
+      data = Engine::get().load_blob(kind, key);
+    }
+    if (!data) return py::none();
+    return py::bytes(*data);
+  });
+  m.def("cache_store", [](const std::string& kind, const std::string& key, const py::bytes& payload) {
+    std::string data = payload;
+    py::gil_scoped_release release;
+    return Engine::get().store_blob(kind, key, data);
+  });
+  m.def("cache_remove", [](const std::string& kind, const std::string& key) { Engine::get().remove_blob(kind, key); },
+        py::call_guard<py::gil_scoped_release>());
   m.def("set_dump_dir", [](const std::string& dir) { Engine::get().set_dump_dir(dir); });
   m.def("set_max_pending_ops", [](int64_t n) { Engine::get().set_max_pending_ops(n); });
   m.def("set_memory_fraction", [](int device, double fraction) {
