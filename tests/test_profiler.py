@@ -120,7 +120,7 @@ def test_each_flush_reason_is_recorded(mode, tmp_path):
             torchtpu.set_mode("fused")
             torchtpu._C.set_max_pending_ops(3)
             for _ in range(3):               # size_limit
-                z = z + 1
+                z = z + z  # (a Python number would be a node of its own)
     finally:
         torchtpu._C.set_max_pending_ops(10000)
     reasons = [e["name"].split("#")[1] for e in named(torchtpu_events(prof, tmp_path), "torchtpu::flush")]

@@ -157,7 +157,12 @@ class _Structure:
     def render(self, name, args, operands, outputs):
         """Adds one recorded op to the FX graph; returns the FX node of each of its outputs."""
         operand_nodes = [self.outputs[n][k] if n >= 0 else self.param_nodes[k] for n, k in operands]
-        if name in _INTERNAL:
+        if name == "torchtpu::scalar":  # a Python number used as a tensor: its 0-dim tensor
+            kind, payload = args[0]
+            value = self.scalar_nodes[payload] if kind == "scalar" else self.size(payload) if kind == "int" else payload
+            target = torch.ops.aten.full.default
+            fx_args, fx_kwargs = ([], value), {"dtype": _dtype_of(outputs[0][0]), "device": self.device}
+        elif name in _INTERNAL:
             out_dtype, out_dims = outputs[0]
             x = operand_nodes[0] if operand_nodes else None
             dtype = _DTYPES.get(args[1][1]) if name == "torchtpu::convert" else _dtype_of(out_dtype)

@@ -132,6 +132,11 @@ void register_kernels() {
     std::string full = base.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
     meta.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_inplace_meta>());
   }
+  // These replace PyTorch's Python meta kernels (the override's warning is silenced above).
+  for (const char* name : {"add_.Tensor", "add_.Scalar", "sub_.Tensor", "sub_.Scalar"})
+    meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&inplace_binary_alpha_meta>());
+  for (const char* name : {"fill_.Scalar", "fill_.Tensor", "relu_"})
+    meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&inplace_fill_meta>());
   static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;

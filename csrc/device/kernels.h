@@ -114,6 +114,8 @@ at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::Scala
                                  std::optional<at::MemoryFormat> memory_format);
 at::Tensor& copy_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& self, const at::Tensor& src, bool non_blocking);
 void foreach_inplace_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+void inplace_binary_alpha_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // add_, sub_
+void inplace_fill_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // fill_, relu_ (self only)
 void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor tpu_lift_fresh(const at::Tensor& self);
 void record_stream_functionalize(at::Tensor& self, c10::Stream stream);

@@ -1,6 +1,7 @@
 // PyTorch kernels replaced for tpu, each because PyTorch's own cannot serve a tpu tensor:
 // functionalization's _to_copy, new_* factories and record_stream, autograd's copy_
-// (ADInplaceOrView), meta kernels of in-place foreach ops, native_batch_norm, the empty
+// (ADInplaceOrView), meta kernels of in-place foreach ops and of add_/sub_/fill_/relu_
+// (C++ instead of PyTorch's Python ones), native_batch_norm, the empty
 // statistics of batch norm in eval mode, lift_fresh and fft_fftfreq.
 #include <ATen/ExpandUtils.h>
 #include <ATen/FunctionalTensorWrapper.h>
@@ -129,6 +130,82 @@ void foreach_inplace_meta(const c10::OperatorHandle& op, torch::jit::Stack* stac
   }
   torch::jit::drop(*stack, n);
   for (size_t r = 0; r < schema.returns().size(); ++r) stack->push_back(c10::IValue());
+}
+
+namespace {
+
+// Python's reprs in PyTorch's meta errors: torch.Size([2, 3]), a list [2, 3], a tuple (2, 3).
+std::string join_dims(c10::IntArrayRef dims) {
+  std::string out;
+  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
+  return out;
+}
+std::string size_repr(c10::IntArrayRef dims) { return "torch.Size([" + join_dims(dims) + "])"; }
+std::string tuple_repr(c10::IntArrayRef dims) {
+  return "(" + join_dims(dims) + (dims.size() == 1 ? ",)" : ")");
+}
+
+// torch._refs._broadcast_shapes(self, other) then _meta_registrations.check_inplace_broadcast,
+// step by step, so that the errors carry the same words.
+void check_inplace_broadcast(c10::IntArrayRef self, c10::IntArrayRef other) {
+  std::vector<int64_t> common(std::max(self.size(), other.size()), 1);
+  const c10::IntArrayRef shapes[] = {self, other};
+  for (int arg = 0; arg < 2; ++arg) {
+    c10::IntArrayRef shape = shapes[arg];
+    for (int64_t idx = -1; idx >= -static_cast<int64_t>(shape.size()); --idx) {
+      int64_t s = shape[shape.size() + idx];
+      int64_t& c = common[common.size() + idx];
+      if (s == c) continue;
+      if (c == 1) c = s;
+      if (s == 1) continue;
+      TORCH_CHECK(c == s, "Attempting to broadcast a dimension of length ", s, " at ", idx,
+                  "! Mismatching argument at index ", arg, " had ", size_repr(shape),
+                  "; but expected shape should be broadcastable to [", join_dims(common), "]");
+    }
+  }
+  TORCH_CHECK(c10::IntArrayRef(common) == self, "output with shape ", size_repr(self),
+              " doesn't match the broadcast shape ", tuple_repr(common));
+}
+
+// The dtype classes of torch._prims_common (is_integer_dtype excludes bool; is_float_dtype
+// is dtype.is_floating_point) and of a Python number (a bool is also an int).
+bool is_integer_dtype(at::ScalarType t) { return c10::isIntegralType(t, /*includeBool=*/false); }
+bool integeric(const c10::IValue& v) {
+  return v.isTensor() ? is_integer_dtype(v.toTensor().scalar_type()) : v.isInt() || v.isBool();
+}
+bool floatic(const c10::IValue& v) { return v.isTensor() ? at::isFloatingType(v.toTensor().scalar_type()) : v.isDouble(); }
+bool booleanic(const c10::IValue& v) { return v.isTensor() ? v.toTensor().scalar_type() == at::kBool : v.isBool(); }
+
+}  // namespace
+
+// Meta kernels of the in-place ops a training step runs outside the optimizer: add_/sub_
+// (batch norm's num_batches_tracked.add_(1)), fill_ and relu_. Functionalization checks each
+// in-place op on meta tensors first, and PyTorch's meta kernels for these are Python
+// (_meta_registrations: meta_binop_inplace_alpha, meta_fill_, meta_relu_), a Python call
+// per op per step. These do the same checks, with the same errors, in C++.
+void inplace_binary_alpha_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t n = op.schema().arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  // A Scalar argument is an IValue number: a Python bool stays a bool, a float a double.
+  const c10::IValue self = args[0], other = args[1];
+  TORCH_CHECK(!(integeric(self) && floatic(other)),
+              "Promotion of int.add/sub_(float) in in-place ops are not possible due to element size change.");
+  TORCH_CHECK(!(booleanic(self) && !booleanic(other)),
+              "Promotion of bool.add/sub_(others) in in-place ops are not possible due to element size change.");
+  if (other.isTensor()) check_inplace_broadcast(self.toTensor().sizes(), other.toTensor().sizes());
+  torch::jit::drop(*stack, n);
+  stack->push_back(self);
+}
+
+void inplace_fill_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t n = op.schema().arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  const c10::IValue self = args[0];
+  if (n > 1 && args[1].isTensor())
+    TORCH_CHECK(args[1].toTensor().dim() == 0, "fill_ only supports 0-dimension value tensor but got tensor with ",
+                args[1].toTensor().dim(), " dimensions.");
+  torch::jit::drop(*stack, n);
+  stack->push_back(self);
 }
 
 // native_batch_norm updates running_mean/running_var in place although its schema does not

@@ -131,6 +131,7 @@ struct ParsedOp {
 
 ParsedOp parse_args(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& args, const LoweringRule* rule) {
   ParsedOp p;
+  p.args.reserve(args.size() + 2);  // + a random op's key and offset
   p.device = device_of_args(args);
   check_device_index(p.device);
   auto add_tensor = [&](const at::Tensor& t) {

@@ -192,13 +192,34 @@ ValuePtr apply_math_bits(const at::Tensor& t, ValuePtr value) {
 
 }  // namespace
 
+namespace {
+
+// A Python number an op takes as a tensor (x.add_(1), x * 0.5) in fused mode: a node of the
+// step's graph holding the number (lifted into the graph's scalar packs, so a changing number
+// does not recompile; 0 and 1 stay constants, as for Scalar arguments), not an upload per op.
+// Strict and debug mode upload it: a node there would be one more launch before the op's.
+ValuePtr wrapped_number_value(const at::Tensor& t, int device) {
+  static const OpKind op = lowered_kind("torchtpu::scalar");
+  c10::Scalar number = t.item();
+  Arg a;
+  if (number.isFloatingPoint()) a = Arg::real(number.toDouble());
+  else if (number.isBoolean()) a = Arg::boolean(number.toBool());
+  else a = Arg::integer(number.toLong());
+  a.lifted = a.as_double() != 0.0 && a.as_double() != 1.0;
+  return Engine::get().record(op, {std::move(a)}, {}, {tensor_type_of(t)}, device)[0];
+}
+
+}  // namespace
+
 ValuePtr value_of(const at::Tensor& t, int device) {
   if (!is_tpu(t)) {
+    bool wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
     // A Python complex number (x * 2j) is a complex128 CPU scalar; it only promotes like a
     // scalar, so on a platform without float64 it travels as complex64.
-    if (t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == at::kComplexDouble &&
-        !runtime().has_float64())
+    if (wrapped && t.scalar_type() == at::kComplexDouble && !runtime().has_float64())
       return upload(t.to(at::kComplexFloat), device);
+    if (wrapped && !t.is_complex() && t.dim() == 0 && Engine::get().mode() == Mode::Fused)
+      return wrapped_number_value(t, device);
     return upload(t, device);
   }
   at::Tensor inner = unwrap(t);

@@ -57,7 +57,8 @@ TensorType tensor_type_of(const at::Tensor& t);
 bool is_tpu(const at::Tensor& t);
 // The inner tensor of a (possibly functional-wrapped) tpu tensor.
 at::Tensor unwrap(const at::Tensor& t);
-// The engine value of a tpu tensor; CPU tensors are copied to `device`.
+// The engine value of a tpu tensor; CPU tensors are copied to `device` (a Python number
+// taken as a tensor becomes a node of the graph in fused mode).
 ValuePtr value_of(const at::Tensor& t, int device);
 // A new raw tpu tensor holding the value.
 at::Tensor make_tensor(ValuePtr value);

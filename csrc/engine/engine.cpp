@@ -588,7 +588,8 @@ void Engine::plan_donation(Graph& g) {
 }
 
 // Lifted scalar arguments, in node order, become the float and int packs; each node's
-// lifted_slots say where its arguments start.
+// lifted_slots say where its arguments start (left empty for a node without lifted
+// arguments, most of them: no allocation per node at every flush).
 void Engine::lift_scalars(Graph& g) {
   g.float_scalars.clear();
   g.int_scalars.clear();
@@ -596,10 +597,10 @@ void Engine::lift_scalars(Graph& g) {
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const Node* node = g.nodes[n];
     auto& slots = g.lifted_slots[n];
-    slots.assign(node->args.size(), -1);
     for (size_t a = 0; a < node->args.size(); ++a) {
       const Arg& arg = node->args[a];
       if (!arg.lifted) continue;
+      if (slots.empty()) slots.assign(node->args.size(), -1);
       switch (arg.kind) {
         case Arg::Kind::Double: slots[a] = static_cast<int>(g.float_scalars.size()); g.float_scalars.push_back(arg.d); break;
         case Arg::Kind::DoubleList: case Arg::Kind::Complex:

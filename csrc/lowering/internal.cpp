@@ -1,5 +1,6 @@
 // Internal ops the device layer and the engine record themselves: dtype conversion, broadcast,
-// zeros, and the slice that reads a value computed padded to a bucket.
+// zeros, Python numbers taken as tensors, and the slice that reads a value computed padded to
+// a bucket.
 #include "lowering/common.h"
 
 namespace torchtpu {
@@ -20,6 +21,9 @@ void lower_zeros(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.constant(0, ctx.out(node).dtype, ctx.out(node).shape));
 }
 
+// torchtpu::scalar(Scalar number): a Python number an op takes as a 0-dim tensor.
+void lower_scalar(LoweringContext& ctx, const Node& node) { ctx.set_result(ctx.scalar(node, 0, ctx.out(node).dtype)); }
+
 // torchtpu::unpad(Tensor, int[] bucket_factors, int[] real_factors): the real elements of a
 // value a bucketed graph computed padded (engine/buckets.h): its dims split into factors,
 // each factor sliced to its real size.
@@ -35,6 +39,7 @@ LOWERING("torchtpu::convert", lower_convert, nullptr, kTakesComplex);
 LOWERING("torchtpu::unpad", lower_unpad, nullptr, kTakesComplex);
 LOWERING("torchtpu::broadcast", lower_broadcast, nullptr, kTakesComplex);
 LOWERING("torchtpu::zeros", lower_zeros, nullptr, kTakesComplex);
+LOWERING("torchtpu::scalar", lower_scalar);
 
 }  // namespace
 }  // namespace torchtpu

@@ -34,7 +34,7 @@ class LoweringContext {
  public:
   // --- set up by the graph builder -------------------------------------------------------
   // lifted_slots: per argument, its first slot in the scalar packs; empty when the graph has
-  // no packs (every scalar argument is then a constant).
+  // no packs (every scalar argument is then a constant) or the node no lifted argument.
   void begin_node(const Node& node, std::vector<V> operands, std::vector<int> lifted_slots);
   std::vector<V> finish_node(const Node& node);
   void set_scalar_packs(V floats, V ints) { float_pack_ = std::move(floats); int_pack_ = std::move(ints); }
