@@ -302,6 +302,7 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
     for (const TensorType& t : inferred.types) {
       if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;
       if (!rule->complex && is_complex(t.dtype)) return false;
+      if (rule->integral && is_floating(t.dtype)) return false;  // the CPU kernel raises PyTorch's error
     }
     std::lock_guard<std::mutex> lock(g_meta_mutex);
     cached = &meta_cache().emplace(key, std::move(inferred)).first->second;

@@ -455,6 +455,47 @@ void lower_remainder(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.convert(mod, out.dtype));
 }
 
+// gcd / lcm of integers: CPU's Euclid loop on |a| and |b| (calc_gcd), run for every element
+// at once until each one's divisor is 0; lcm is |a / g * b| (0 where g is 0). CPU computes
+// 8- and 16-bit values in C++'s int (integer promotion) and narrows the result, so they are
+// computed in int32 here too: lcm's product may exceed the narrow type before its abs.
+// `narrow`: the type CPU stores |a| and |b| in (abs(-128) stays -128 in int8, as in C++).
+V gcd_of(const Ex& e, V a, V b, DType narrow) {
+  LoweringContext& ctx = e.c;
+  V zero = e.k(0), one = e.k(1);
+  auto magnitude = [&](const V& x) {
+    if (narrow == DType::UInt8) return x;
+    return ctx.convert(ctx.convert(e.un("stablehlo.abs", x), narrow), e.dt);
+  };
+  std::vector<V> init{magnitude(a), magnitude(b)};
+  std::vector<V> done = ctx.while_loop(
+      init, [&](const std::vector<V>& s) { return any_true(ctx, e.cmp("NE", s[0], zero)); },
+      [&](const std::vector<V>& s) {
+        V going = e.cmp("NE", s[0], zero);
+        V r = ctx.binary("stablehlo.remainder", s[1], e.sel(going, s[0], one));
+        return std::vector<V>{e.sel(going, r, s[0]), e.sel(going, s[0], s[1])};
+      });
+  return done[1];
+}
+
+void lower_gcd_lcm(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  bool narrow = out.dtype == DType::UInt8 || out.dtype == DType::Int8 || out.dtype == DType::Int16;
+  DType dt = narrow ? DType::Int32 : out.dtype;
+  Ex e = make_ex(ctx, dt, out.shape);
+  V a = ctx.convert(tensor_or_scalar(ctx, node, 0, out.dtype, out.shape), dt);
+  V b = ctx.convert(tensor_or_scalar(ctx, node, 1, out.dtype, out.shape), dt);
+  V g = gcd_of(e, a, b, out.dtype);
+  if (std::string(rule_data(node)) == "gcd") {
+    ctx.set_result(ctx.convert(g, out.dtype));
+    return;
+  }
+  V zero = e.k(0);
+  V g_zero = e.cmp("EQ", g, zero);
+  V lcm = e.un("stablehlo.abs", e.mul(e.div(a, e.sel(g_zero, e.k(1), g)), b));
+  ctx.set_result(ctx.convert(e.sel(g_zero, zero, lcm), out.dtype));
+}
+
 // fmax/fmin: NaN only when both are NaN.
 void lower_fmax_fmin(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
@@ -662,6 +703,8 @@ LOWERING("aten::remainder.Scalar", lower_remainder, "remainder");
 LOWERING("aten::remainder.Scalar_Tensor", lower_remainder, "remainder");
 LOWERING("aten::fmod.Tensor", lower_remainder, "fmod");
 LOWERING("aten::fmod.Scalar", lower_remainder, "fmod");
+LOWERING("aten::gcd", lower_gcd_lcm, "gcd", kIntegral);
+LOWERING("aten::lcm", lower_gcd_lcm, "lcm", kIntegral);
 LOWERING("aten::fmax", lower_fmax_fmin, "fmax");
 LOWERING("aten::fmin", lower_fmax_fmin, "fmin");
 LOWERING("aten::lerp.Scalar", lower_lerp);
@@ -680,16 +723,16 @@ LOWERING("aten::isfinite", lower_float_class, "isfinite", kTakesComplex);
 LOWERING("aten::isposinf", lower_float_class, "isposinf");
 LOWERING("aten::isneginf", lower_float_class, "isneginf");
 LOWERING("aten::nan_to_num", lower_nan_to_num);
-LOWERING("aten::bitwise_and.Tensor", lower_bitwise, "stablehlo.and");
-LOWERING("aten::bitwise_and.Scalar", lower_bitwise, "stablehlo.and");
-LOWERING("aten::bitwise_and.Scalar_Tensor", lower_bitwise, "stablehlo.and");
-LOWERING("aten::bitwise_or.Tensor", lower_bitwise, "stablehlo.or");
-LOWERING("aten::bitwise_or.Scalar", lower_bitwise, "stablehlo.or");
-LOWERING("aten::bitwise_or.Scalar_Tensor", lower_bitwise, "stablehlo.or");
-LOWERING("aten::bitwise_xor.Tensor", lower_bitwise, "stablehlo.xor");
-LOWERING("aten::bitwise_xor.Scalar", lower_bitwise, "stablehlo.xor");
-LOWERING("aten::bitwise_xor.Scalar_Tensor", lower_bitwise, "stablehlo.xor");
-LOWERING("aten::bitwise_not", lower_bitwise, "stablehlo.not");
+LOWERING("aten::bitwise_and.Tensor", lower_bitwise, "stablehlo.and", kIntegral);
+LOWERING("aten::bitwise_and.Scalar", lower_bitwise, "stablehlo.and", kIntegral);
+LOWERING("aten::bitwise_and.Scalar_Tensor", lower_bitwise, "stablehlo.and", kIntegral);
+LOWERING("aten::bitwise_or.Tensor", lower_bitwise, "stablehlo.or", kIntegral);
+LOWERING("aten::bitwise_or.Scalar", lower_bitwise, "stablehlo.or", kIntegral);
+LOWERING("aten::bitwise_or.Scalar_Tensor", lower_bitwise, "stablehlo.or", kIntegral);
+LOWERING("aten::bitwise_xor.Tensor", lower_bitwise, "stablehlo.xor", kIntegral);
+LOWERING("aten::bitwise_xor.Scalar", lower_bitwise, "stablehlo.xor", kIntegral);
+LOWERING("aten::bitwise_xor.Scalar_Tensor", lower_bitwise, "stablehlo.xor", kIntegral);
+LOWERING("aten::bitwise_not", lower_bitwise, "stablehlo.not", kIntegral);
 
 }  // namespace
 }  // namespace torchtpu

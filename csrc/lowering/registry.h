@@ -23,6 +23,10 @@ struct LoweringRule {
   // A collective across processes: its last arg lists the global device ids of its replicas
   // (lowering/collective.cpp); a graph holding one is compiled for those replicas.
   bool collective = false;
+  // Integer and bool dtypes only (bitwise ops, gcd): calls with floating results run through
+  // the CPU fallback, whose kernel raises PyTorch's NotImplementedError ("... not implemented
+  // for 'Float'") instead of the lowering computing something PyTorch refuses.
+  bool integral = false;
 };
 
 // A rule's properties, declared at registration:
@@ -32,9 +36,12 @@ struct RuleFlags {
   bool random = false;
   bool complex = false;
   bool collective = false;
+  bool integral = false;
 };
 // Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, "exp", kTakesComplex);
 inline constexpr RuleFlags kTakesComplex{.complex = true};
+// Rules of integer/bool-only ops: LOWERING("aten::gcd", lower_gcd_lcm, "gcd", kIntegral);
+inline constexpr RuleFlags kIntegral{.integral = true};
 
 const LoweringRule* find_lowering(const std::string& op);
 const LoweringRule* find_lowering(OpKind kind);
