@@ -462,20 +462,20 @@ void lower_col2im(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.reshape(cropped, out.shape));
 }
 
-LOWERING("aten::avg_pool2d", lower_avg_pool2d);
+LOWERING("aten::avg_pool2d", lower_avg_pool2d, nullptr, kNoBool);
 LOWERING("aten::avg_pool2d_backward", lower_avg_pool2d_backward);
-LOWERING("aten::_adaptive_avg_pool2d", lower_adaptive_avg_pool2d);
+LOWERING("aten::_adaptive_avg_pool2d", lower_adaptive_avg_pool2d, nullptr, kFloatOnly);
 LOWERING("aten::_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool2d_backward);
 LOWERING("aten::upsample_nearest2d", lower_upsample_nearest2d);
 LOWERING("aten::upsample_nearest2d_backward", lower_upsample_nearest2d_backward);
-LOWERING("aten::upsample_bilinear2d", lower_upsample_bilinear2d);
+LOWERING("aten::upsample_bilinear2d", lower_upsample_bilinear2d, nullptr, kFloatOnly);
 LOWERING("aten::upsample_bilinear2d_backward", lower_upsample_bilinear2d_backward);
-LOWERING("aten::max_pool2d_with_indices", lower_max_pool2d);
-LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool2d_backward);
-LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool2d);
-LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool2d_backward);
-LOWERING("aten::im2col", lower_im2col);
-LOWERING("aten::col2im", lower_col2im);
+LOWERING("aten::max_pool2d_with_indices", lower_max_pool2d, nullptr, kNoBool);
+LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool2d_backward, nullptr, kFloatOnly);
+LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool2d, nullptr, kFloatOnly);
+LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool2d_backward, nullptr, kFloatOnly);
+LOWERING("aten::im2col", lower_im2col, nullptr, kFloatOnly);
+LOWERING("aten::col2im", lower_col2im, nullptr, kFloatOnly);
 
 }  // namespace
 }  // namespace torchtpu

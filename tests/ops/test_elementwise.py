@@ -365,16 +365,6 @@ def test_gcd_lcm(mode):
     run_table(cases)
 
 
-@pytest.mark.modes("fused")
-def test_integer_only_ops_refuse_floats_like_cpu():
-    # A lowering of bitwise ops and gcd would compute something for floats; CPU raises.
-    for op in (torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor, torch.gcd, torch.lcm):
-        with pytest.raises(NotImplementedError) as expected:
-            op(torch.ones(2), torch.ones(2))
-        with pytest.raises(NotImplementedError) as actual, pytest.warns(UserWarning, match="runs on CPU"):
-            op(torch.ones(2, device="tpu"), torch.ones(2, device="tpu"))
-        assert str(actual.value) == str(expected.value)
-
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64]
 
