@@ -251,6 +251,16 @@ bool linalg_dtype(const LoweringRule* rule, const at::Tensor& t) {
   return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
 }
 
+// Whether the rule refuses this dtype's class (LoweringRule::refuses): the CPU kernel then
+// raises PyTorch's error for it.
+bool refused(const LoweringRule* rule, DType dtype) {
+  if (!rule->refuses) return false;
+  if (dtype == DType::Bool) return rule->refuses & kRefuseBool;
+  if (is_floating(dtype)) return rule->refuses & kRefuseFloat;
+  if (is_complex(dtype)) return false;  // complex calls are decided by LoweringRule::complex
+  return rule->refuses & kRefuseInteger;
+}
+
 // An `_ex` op called with check_errors=True raises from its info output (its last), as
 // PyTorch's kernels do: the host reads info, like CUDA's.
 void check_linalg_errors(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
@@ -279,6 +289,13 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
     }
   }
   if (!rule->complex && touches_complex(args)) return false;
+  if (rule->refuses & kJudgeSelf) {
+    for (const auto& v : args)
+      if (v.isTensor() && v.toTensor().defined()) {
+        if (refused(rule, to_dtype(v.toTensor().scalar_type()))) return false;
+        break;  // the first tensor argument (self) decides
+      }
+  }
   ParsedOp p = parse_args(schema, args, rule);
   if (!p.supported) return false;
   uint64_t key = signature_hash(rule, p);
@@ -300,6 +317,9 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
       // the CPU kernel runs it, or raises the same error CPU users see.
       return false;
     }
+    if (rule->refuses && !(rule->refuses & kJudgeSelf) && !inferred.types.empty() &&
+        refused(rule, inferred.types[0].dtype))
+      return false;
     for (const TensorType& t : inferred.types) {
       if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;
       if (!rule->complex && is_complex(t.dtype)) return false;

@@ -123,10 +123,10 @@ LOWERING("aten::glu_backward", lower_glu_backward);
 LOWERING("aten::_prelu_kernel", lower_prelu);
 LOWERING("aten::_prelu_kernel_backward", lower_prelu_backward);
 LOWERING("aten::softshrink", lower_shrink, "soft");
-LOWERING("aten::hardshrink", lower_shrink, "hard");
+LOWERING("aten::hardshrink", lower_shrink, "hard", kFloatOnly);
 LOWERING("aten::softshrink_backward", lower_shrink_backward);
 LOWERING("aten::hardshrink_backward", lower_shrink_backward);
-LOWERING("aten::rrelu_with_noise_functional", lower_rrelu, nullptr, false, /*random=*/true);
+LOWERING("aten::rrelu_with_noise_functional", lower_rrelu, nullptr, RuleFlags{.random = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
 LOWERING("aten::rrelu_with_noise_backward", lower_rrelu_backward);
 
 }  // namespace

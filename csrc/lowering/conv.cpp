@@ -188,8 +188,8 @@ void lower_convolution_backward(LoweringContext& ctx, const Node& node) {
   ctx.set_results(results);
 }
 
-LOWERING("aten::convolution", lower_convolution);
-LOWERING("aten::convolution_backward", lower_convolution_backward);
+LOWERING("aten::convolution", lower_convolution, nullptr, kNoBool);
+LOWERING("aten::convolution_backward", lower_convolution_backward, nullptr, kNoBool);
 
 }  // namespace
 }  // namespace torchtpu

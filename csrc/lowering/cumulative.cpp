@@ -105,7 +105,7 @@ void lower_cummaxmin_backward(LoweringContext& ctx, const Node& node) {
 LOWERING("aten::cummax", lower_cumulative_extremum, "max");
 LOWERING("aten::cummin", lower_cumulative_extremum, "min");
 LOWERING("aten::_logcumsumexp", lower_logcumsumexp);
-LOWERING("aten::logcumsumexp", lower_logcumsumexp);
+LOWERING("aten::logcumsumexp", lower_logcumsumexp, nullptr, kFloatOnly);
 LOWERING("aten::cummaxmin_backward", lower_cummaxmin_backward);
 
 }  // namespace

@@ -198,9 +198,9 @@ LOWERING("aten::copysign.Tensor", lower_copysign);
 LOWERING("aten::copysign.Scalar", lower_copysign);
 LOWERING("aten::signbit", lower_signbit);
 LOWERING("aten::frexp.Tensor", lower_frexp);
-LOWERING("aten::nextafter", lower_nextafter);
+LOWERING("aten::nextafter", lower_nextafter, nullptr, kFloatOnly);
 LOWERING("aten::heaviside", lower_heaviside);
-LOWERING("aten::hypot", lower_hypot);
+LOWERING("aten::hypot", lower_hypot, nullptr, kFloatOnly);
 
 }  // namespace
 }  // namespace torchtpu

@@ -138,7 +138,7 @@ LOWERING("aten::put", lower_put);
 LOWERING("aten::index_fill.int_Scalar", lower_index_fill);
 LOWERING("aten::index_fill.int_Tensor", lower_index_fill);
 LOWERING("aten::index_copy", lower_index_copy);
-LOWERING("aten::index_reduce", lower_index_reduce);
+LOWERING("aten::index_reduce", lower_index_reduce, nullptr, kNoBool);
 
 }  // namespace
 }  // namespace torchtpu

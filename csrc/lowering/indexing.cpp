@@ -502,7 +502,7 @@ LOWERING("aten::scatter.value", lower_scatter, nullptr, kTakesComplex);
 LOWERING("aten::scatter.reduce", lower_scatter, nullptr, kTakesComplex);
 LOWERING("aten::scatter.value_reduce", lower_scatter, nullptr, kTakesComplex);
 LOWERING("aten::scatter_add", lower_scatter, "add", kTakesComplex);
-LOWERING("aten::scatter_reduce.two", lower_scatter_reduce);
+LOWERING("aten::scatter_reduce.two", lower_scatter_reduce, nullptr, kNoBool);
 LOWERING("aten::index_add", lower_index_add, nullptr, kTakesComplex);
 LOWERING("aten::masked_fill.Scalar", lower_masked_fill, nullptr, kTakesComplex);
 LOWERING("aten::masked_fill.Tensor", lower_masked_fill, nullptr, kTakesComplex);
@@ -512,7 +512,7 @@ LOWERING("aten::embedding", lower_embedding);
 LOWERING("aten::embedding_dense_backward", lower_embedding_backward);
 LOWERING("aten::sort", lower_sort);
 LOWERING("aten::sort.stable", lower_sort);
-LOWERING("aten::topk", lower_topk);
+LOWERING("aten::topk", lower_topk, nullptr, kNoBool);
 
 }  // namespace
 }  // namespace torchtpu

@@ -207,15 +207,15 @@ void lower_bce_backward(LoweringContext& ctx, const Node& node) {
   ctx.set_result(mul(ctx, r, loss_grad(ctx, ctx.input(node, 0), node.args[4].as_int(), out.dtype, out.shape)));
 }
 
-LOWERING("aten::nll_loss_forward", lower_nll_loss);
-LOWERING("aten::nll_loss2d_forward", lower_nll_loss);
+LOWERING("aten::nll_loss_forward", lower_nll_loss, nullptr, kSelfFloatOnly);
+LOWERING("aten::nll_loss2d_forward", lower_nll_loss, nullptr, kSelfFloatOnly);
 LOWERING("aten::nll_loss_backward", lower_nll_loss_backward);
 LOWERING("aten::nll_loss2d_backward", lower_nll_loss_backward);
 LOWERING("aten::mse_loss", lower_loss, "mse");
 LOWERING("aten::mse_loss_backward", lower_loss_backward, "mse");
-LOWERING("aten::smooth_l1_loss", lower_loss, "smooth_l1");
+LOWERING("aten::smooth_l1_loss", lower_loss, "smooth_l1", kSelfFloatOnly);
 LOWERING("aten::smooth_l1_loss_backward", lower_loss_backward, "smooth_l1");
-LOWERING("aten::huber_loss", lower_loss, "huber");
+LOWERING("aten::huber_loss", lower_loss, "huber", kSelfFloatOnly);
 LOWERING("aten::huber_loss_backward", lower_loss_backward, "huber");
 LOWERING("aten::binary_cross_entropy", lower_bce);
 LOWERING("aten::binary_cross_entropy_backward", lower_bce_backward);

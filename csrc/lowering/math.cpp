@@ -455,6 +455,47 @@ void lower_remainder(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.convert(mod, out.dtype));
 }
 
+// gcd / lcm of integers: CPU's Euclid loop on |a| and |b| (calc_gcd), run for every element
+// at once until each one's divisor is 0; lcm is |a / g * b| (0 where g is 0). CPU computes
+// 8- and 16-bit values in C++'s int (integer promotion) and narrows the result, so they are
+// computed in int32 here too: lcm's product may exceed the narrow type before its abs.
+// `narrow`: the type CPU stores |a| and |b| in (abs(-128) stays -128 in int8, as in C++).
+V gcd_of(const Ex& e, V a, V b, DType narrow) {
+  LoweringContext& ctx = e.c;
+  V zero = e.k(0), one = e.k(1);
+  auto magnitude = [&](const V& x) {
+    if (narrow == DType::UInt8) return x;
+    return ctx.convert(ctx.convert(e.un("stablehlo.abs", x), narrow), e.dt);
+  };
+  std::vector<V> init{magnitude(a), magnitude(b)};
+  std::vector<V> done = ctx.while_loop(
+      init, [&](const std::vector<V>& s) { return any_true(ctx, e.cmp("NE", s[0], zero)); },
+      [&](const std::vector<V>& s) {
+        V going = e.cmp("NE", s[0], zero);
+        V r = ctx.binary("stablehlo.remainder", s[1], e.sel(going, s[0], one));
+        return std::vector<V>{e.sel(going, r, s[0]), e.sel(going, s[0], s[1])};
+      });
+  return done[1];
+}
+
+void lower_gcd_lcm(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  bool narrow = out.dtype == DType::UInt8 || out.dtype == DType::Int8 || out.dtype == DType::Int16;
+  DType dt = narrow ? DType::Int32 : out.dtype;
+  Ex e = make_ex(ctx, dt, out.shape);
+  V a = ctx.convert(tensor_or_scalar(ctx, node, 0, out.dtype, out.shape), dt);
+  V b = ctx.convert(tensor_or_scalar(ctx, node, 1, out.dtype, out.shape), dt);
+  V g = gcd_of(e, a, b, out.dtype);
+  if (std::string(rule_data(node)) == "gcd") {
+    ctx.set_result(ctx.convert(g, out.dtype));
+    return;
+  }
+  V zero = e.k(0);
+  V g_zero = e.cmp("EQ", g, zero);
+  V lcm = e.un("stablehlo.abs", e.mul(e.div(a, e.sel(g_zero, e.k(1), g)), b));
+  ctx.set_result(ctx.convert(e.sel(g_zero, zero, lcm), out.dtype));
+}
+
 // fmax/fmin: NaN only when both are NaN.
 void lower_fmax_fmin(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
@@ -609,15 +650,15 @@ FLOAT_UNARY(erfc);
 FLOAT_UNARY(erfinv);
 FLOAT_UNARY(lgamma);
 COMPLEX_FLOAT_UNARY(sigmoid);
-COMPLEX_FLOAT_UNARY(silu);
-FLOAT_UNARY(mish);
-FLOAT_UNARY(hardswish);
-FLOAT_UNARY(hardsigmoid);
-FLOAT_UNARY(frac);
+LOWERING("aten::silu", lower_float_unary, "silu", RuleFlags{.complex = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
+LOWERING("aten::mish", lower_float_unary, "mish", kFloatOnly);
+LOWERING("aten::hardswish", lower_float_unary, "hardswish", kFloatOnly);
+LOWERING("aten::hardsigmoid", lower_float_unary, "hardsigmoid", kFloatOnly);
+LOWERING("aten::frac", lower_float_unary, "frac", kFloatOnly);
 #undef FLOAT_UNARY
 #undef COMPLEX_FLOAT_UNARY
 
-LOWERING("aten::gelu", lower_gelu);
+LOWERING("aten::gelu", lower_gelu, nullptr, kFloatOnly);
 LOWERING("aten::gelu_backward", lower_gelu_backward);
 LOWERING("aten::sigmoid_backward", lower_pointwise_backward, "sigmoid_backward", kTakesComplex);
 LOWERING("aten::tanh_backward", lower_pointwise_backward, "tanh_backward", kTakesComplex);
@@ -630,66 +671,68 @@ LOWERING("aten::elu_backward", lower_pointwise_backward, "elu_backward");
 LOWERING("aten::hardswish_backward", lower_pointwise_backward, "hardswish_backward");
 LOWERING("aten::hardsigmoid_backward", lower_pointwise_backward, "hardsigmoid_backward");
 LOWERING("aten::logit_backward", lower_pointwise_backward, "logit_backward");
-LOWERING("aten::softplus", lower_activation, "softplus");
+LOWERING("aten::softplus", lower_activation, "softplus", kFloatOnly);
 LOWERING("aten::hardtanh", lower_activation, "hardtanh");
 LOWERING("aten::leaky_relu", lower_activation, "leaky_relu");
 LOWERING("aten::elu", lower_activation, "elu");
 LOWERING("aten::logit", lower_activation, "logit");
-LOWERING("aten::threshold", lower_activation, "threshold");
+LOWERING("aten::threshold", lower_activation, "threshold", kNoBool);
 
-LOWERING("aten::abs", lower_int_unary, "abs", kTakesComplex);
+LOWERING("aten::abs", lower_int_unary, "abs", kComplexNoBool);
 LOWERING("aten::neg", lower_int_unary, "neg", kTakesComplex);
 LOWERING("aten::sign", lower_int_unary, "sign");
 LOWERING("aten::sgn", lower_int_unary, "sgn", kTakesComplex);
-LOWERING("aten::relu", lower_int_unary, "relu");
-LOWERING("aten::floor", lower_int_unary, "floor");
-LOWERING("aten::ceil", lower_int_unary, "ceil");
-LOWERING("aten::round", lower_int_unary, "round");
-LOWERING("aten::trunc", lower_int_unary, "trunc");
-LOWERING("aten::round.decimals", lower_round_decimals);
+LOWERING("aten::relu", lower_int_unary, "relu", kNoBool);
+LOWERING("aten::floor", lower_int_unary, "floor", kNoBool);
+LOWERING("aten::ceil", lower_int_unary, "ceil", kNoBool);
+LOWERING("aten::round", lower_int_unary, "round", kNoBool);
+LOWERING("aten::trunc", lower_int_unary, "trunc", kNoBool);
+LOWERING("aten::round.decimals", lower_round_decimals, nullptr, kFloatOnly);
 LOWERING("aten::_efficientzerotensor", lower_zero_tensor);
 
 LOWERING("aten::pow.Tensor_Tensor", lower_pow, nullptr, kTakesComplex);
 LOWERING("aten::pow.Tensor_Scalar", lower_pow, nullptr, kTakesComplex);
 LOWERING("aten::pow.Scalar", lower_pow, nullptr, kTakesComplex);
 LOWERING("aten::atan2", lower_atan2);
-LOWERING("aten::logaddexp", lower_logaddexp, "e");
-LOWERING("aten::logaddexp2", lower_logaddexp, "2");
-LOWERING("aten::log_sigmoid_forward", lower_log_sigmoid_forward);
+LOWERING("aten::logaddexp", lower_logaddexp, "e", kFloatOnly);
+LOWERING("aten::logaddexp2", lower_logaddexp, "2", kFloatOnly);
+LOWERING("aten::log_sigmoid_forward", lower_log_sigmoid_forward, nullptr, kFloatOnly);
 LOWERING("aten::log_sigmoid_backward", lower_log_sigmoid_backward);
-LOWERING("aten::remainder.Tensor", lower_remainder, "remainder");
-LOWERING("aten::remainder.Scalar", lower_remainder, "remainder");
-LOWERING("aten::remainder.Scalar_Tensor", lower_remainder, "remainder");
-LOWERING("aten::fmod.Tensor", lower_remainder, "fmod");
-LOWERING("aten::fmod.Scalar", lower_remainder, "fmod");
+LOWERING("aten::remainder.Tensor", lower_remainder, "remainder", kNoBool);
+LOWERING("aten::remainder.Scalar", lower_remainder, "remainder", kNoBool);
+LOWERING("aten::remainder.Scalar_Tensor", lower_remainder, "remainder", kNoBool);
+LOWERING("aten::fmod.Tensor", lower_remainder, "fmod", kNoBool);
+LOWERING("aten::fmod.Scalar", lower_remainder, "fmod", kNoBool);
+LOWERING("aten::gcd", lower_gcd_lcm, "gcd", kIntegerOnly);
+LOWERING("aten::lcm", lower_gcd_lcm, "lcm", kIntegerOnly);
 LOWERING("aten::fmax", lower_fmax_fmin, "fmax");
 LOWERING("aten::fmin", lower_fmax_fmin, "fmin");
-LOWERING("aten::lerp.Scalar", lower_lerp);
-LOWERING("aten::lerp.Tensor", lower_lerp);
-LOWERING("aten::addcmul", lower_addc, "addcmul", kTakesComplex);
+LOWERING("aten::lerp.Scalar", lower_lerp, nullptr, kFloatOnly);
+LOWERING("aten::lerp.Tensor", lower_lerp, nullptr, kFloatOnly);
+LOWERING("aten::addcmul", lower_addc, "addcmul", kComplexNoBool);
 LOWERING("aten::addcdiv", lower_addc, "addcdiv", kTakesComplex);
-LOWERING("aten::clamp", lower_clamp, "clamp");
-LOWERING("aten::clamp.Tensor", lower_clamp, "clamp");
-LOWERING("aten::clamp_min", lower_clamp, "clamp_min");
-LOWERING("aten::clamp_min.Tensor", lower_clamp, "clamp_min");
-LOWERING("aten::clamp_max", lower_clamp, "clamp_max");
-LOWERING("aten::clamp_max.Tensor", lower_clamp, "clamp_max");
+LOWERING("aten::clamp", lower_clamp, "clamp", kNoBool);
+LOWERING("aten::clamp.Tensor", lower_clamp, "clamp", kNoBool);
+LOWERING("aten::clamp_min", lower_clamp, "clamp_min", kNoBool);
+LOWERING("aten::clamp_min.Tensor", lower_clamp, "clamp_min", kNoBool);
+LOWERING("aten::clamp_max", lower_clamp, "clamp_max", kNoBool);
+LOWERING("aten::clamp_max.Tensor", lower_clamp, "clamp_max", kNoBool);
 LOWERING("aten::isnan", lower_float_class, "isnan", kTakesComplex);
 LOWERING("aten::isinf", lower_float_class, "isinf", kTakesComplex);
 LOWERING("aten::isfinite", lower_float_class, "isfinite", kTakesComplex);
 LOWERING("aten::isposinf", lower_float_class, "isposinf");
 LOWERING("aten::isneginf", lower_float_class, "isneginf");
 LOWERING("aten::nan_to_num", lower_nan_to_num);
-LOWERING("aten::bitwise_and.Tensor", lower_bitwise, "stablehlo.and");
-LOWERING("aten::bitwise_and.Scalar", lower_bitwise, "stablehlo.and");
-LOWERING("aten::bitwise_and.Scalar_Tensor", lower_bitwise, "stablehlo.and");
-LOWERING("aten::bitwise_or.Tensor", lower_bitwise, "stablehlo.or");
-LOWERING("aten::bitwise_or.Scalar", lower_bitwise, "stablehlo.or");
-LOWERING("aten::bitwise_or.Scalar_Tensor", lower_bitwise, "stablehlo.or");
-LOWERING("aten::bitwise_xor.Tensor", lower_bitwise, "stablehlo.xor");
-LOWERING("aten::bitwise_xor.Scalar", lower_bitwise, "stablehlo.xor");
-LOWERING("aten::bitwise_xor.Scalar_Tensor", lower_bitwise, "stablehlo.xor");
-LOWERING("aten::bitwise_not", lower_bitwise, "stablehlo.not");
+LOWERING("aten::bitwise_and.Tensor", lower_bitwise, "stablehlo.and", kIntegerOrBool);
+LOWERING("aten::bitwise_and.Scalar", lower_bitwise, "stablehlo.and", kIntegerOrBool);
+LOWERING("aten::bitwise_and.Scalar_Tensor", lower_bitwise, "stablehlo.and", kIntegerOrBool);
+LOWERING("aten::bitwise_or.Tensor", lower_bitwise, "stablehlo.or", kIntegerOrBool);
+LOWERING("aten::bitwise_or.Scalar", lower_bitwise, "stablehlo.or", kIntegerOrBool);
+LOWERING("aten::bitwise_or.Scalar_Tensor", lower_bitwise, "stablehlo.or", kIntegerOrBool);
+LOWERING("aten::bitwise_xor.Tensor", lower_bitwise, "stablehlo.xor", kIntegerOrBool);
+LOWERING("aten::bitwise_xor.Scalar", lower_bitwise, "stablehlo.xor", kIntegerOrBool);
+LOWERING("aten::bitwise_xor.Scalar_Tensor", lower_bitwise, "stablehlo.xor", kIntegerOrBool);
+LOWERING("aten::bitwise_not", lower_bitwise, "stablehlo.not", kIntegerOrBool);
 
 }  // namespace
 }  // namespace torchtpu

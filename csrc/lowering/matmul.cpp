@@ -113,16 +113,16 @@ void lower_cross(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.concatenate({term(1, 2), term(2, 0), term(0, 1)}, dim));
 }
 
-LOWERING("aten::mm", lower_matmul, nullptr, kTakesComplex);
-LOWERING("aten::linalg_cross", lower_cross);
-LOWERING("aten::mv", lower_mv_dot, nullptr, kTakesComplex);
-LOWERING("aten::dot", lower_mv_dot, nullptr, kTakesComplex);
-LOWERING("aten::vdot", lower_vdot, nullptr, kTakesComplex);
-LOWERING("aten::addmv", lower_addmv_addbmm, nullptr, kTakesComplex);
-LOWERING("aten::addbmm", lower_addmv_addbmm, nullptr, kTakesComplex);
-LOWERING("aten::bmm", lower_matmul, nullptr, kTakesComplex);
-LOWERING("aten::addmm", lower_addmm, nullptr, kTakesComplex);
-LOWERING("aten::baddbmm", lower_addmm, nullptr, kTakesComplex);
+LOWERING("aten::mm", lower_matmul, nullptr, kComplexNoBool);
+LOWERING("aten::linalg_cross", lower_cross, nullptr, kNoBool);
+LOWERING("aten::mv", lower_mv_dot, nullptr, kComplexNoBool);
+LOWERING("aten::dot", lower_mv_dot, nullptr, kComplexNoBool);
+LOWERING("aten::vdot", lower_vdot, nullptr, kComplexNoBool);
+LOWERING("aten::addmv", lower_addmv_addbmm, nullptr, kComplexNoBool);
+LOWERING("aten::addbmm", lower_addmv_addbmm, nullptr, kComplexNoBool);
+LOWERING("aten::bmm", lower_matmul, nullptr, kComplexNoBool);
+LOWERING("aten::addmm", lower_addmm, nullptr, kComplexNoBool);
+LOWERING("aten::baddbmm", lower_addmm, nullptr, kComplexNoBool);
 
 }  // namespace
 }  // namespace torchtpu

@@ -341,8 +341,8 @@ void lower_batch_norm_backward(LoweringContext& ctx, const Node& node) {
   set_masked(ctx, node, node.args[9], {dx, dw, db});
 }
 
-LOWERING("aten::_softmax", lower_softmax, "softmax");
-LOWERING("aten::_log_softmax", lower_softmax, "log");
+LOWERING("aten::_softmax", lower_softmax, "softmax", kFloatOnly);
+LOWERING("aten::_log_softmax", lower_softmax, "log", kFloatOnly);
 LOWERING("aten::_safe_softmax", lower_softmax, "safe");
 LOWERING("aten::_softmax_backward_data", lower_softmax_backward, "softmax");
 LOWERING("aten::_log_softmax_backward_data", lower_softmax_backward, "log");

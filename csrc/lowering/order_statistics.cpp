@@ -245,17 +245,17 @@ void lower_histc(LoweringContext& ctx, const Node& node) {
   ctx.set_result(scatter_linear(ctx, ctx.constant(0, dt, out.shape), bin, v.k(1.0), "stablehlo.add"));
 }
 
-LOWERING("aten::kthvalue", lower_kthvalue);
-LOWERING("aten::median.dim", lower_median_dim, "median");
-LOWERING("aten::nanmedian.dim", lower_median_dim, "nan");
-LOWERING("aten::median", lower_median_all, "median");
-LOWERING("aten::nanmedian", lower_median_all, "nan");
+LOWERING("aten::kthvalue", lower_kthvalue, nullptr, kNoBool);
+LOWERING("aten::median.dim", lower_median_dim, "median", kNoBool);
+LOWERING("aten::nanmedian.dim", lower_median_dim, "nan", kNoBool);
+LOWERING("aten::median", lower_median_all, "median", kNoBool);
+LOWERING("aten::nanmedian", lower_median_all, "nan", kNoBool);
 LOWERING("aten::mode", lower_mode);
 LOWERING("aten::searchsorted.Tensor", lower_searchsorted, "searchsorted");
 LOWERING("aten::searchsorted.Scalar", lower_searchsorted, "searchsorted");
-LOWERING("aten::bucketize.Tensor", lower_searchsorted, "bucketize");
-LOWERING("aten::bucketize.Scalar", lower_searchsorted, "bucketize");
-LOWERING("aten::histc", lower_histc);
+LOWERING("aten::bucketize.Tensor", lower_searchsorted, "bucketize", kSelfNotBool);
+LOWERING("aten::bucketize.Scalar", lower_searchsorted, "bucketize", kSelfNotBool);
+LOWERING("aten::histc", lower_histc, nullptr, kFloatOnly);
 
 }  // namespace
 }  // namespace torchtpu

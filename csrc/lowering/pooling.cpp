@@ -3,6 +3,7 @@
 // linear maps: out = M_h . x . M_w^T with small matrices computed here from the shapes (host
 // constants), and their backward ops apply the transposed matrices. max_pool2d_with_indices
 // is a variadic reduce_window over (value, flat index); its backward scatter-adds by index.
+// im2col / col2im (nn.Unfold / nn.Fold) are strided windows of the zero-padded image.
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -373,18 +374,108 @@ void lower_adaptive_max_pool2d_backward(LoweringContext& ctx, const Node& node) 
   ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 2), ctx.out(node)));
 }
 
-LOWERING("aten::avg_pool2d", lower_avg_pool2d);
+// -- im2col / col2im (nn.Unfold / nn.Fold) ----------------------------------------------------
+// Both are sums of strided windows, one per kernel position (i, j): im2col reads the window
+// of the zero-padded input at (i*dh, j*dw) with the stride; col2im adds each position's
+// columns back into a zero image through a pad with interior padding (the stride). No
+// multiplication is involved, so infinities and NaN stay where they are, and col2im adds
+// the positions in CPU's order (ascending kernel position per pixel).
+
+struct Window {
+  int64_t kh, kw, dh, dw, ph, pw, sh, sw;
+  int64_t oh, ow;  // output positions per axis
+};
+
+Window window_of(const Node& node, int first, int64_t h, int64_t w) {
+  const auto& k = node.args[first].ints;
+  const auto& d = node.args[first + 1].ints;
+  const auto& p = node.args[first + 2].ints;
+  const auto& s = node.args[first + 3].ints;
+  Window win{k[0], k[1], d[0], d[1], p[0], p[1], s[0], s[1], 0, 0};
+  win.oh = (h + 2 * win.ph - (win.dh * (win.kh - 1) + 1)) / win.sh + 1;
+  win.ow = (w + 2 * win.pw - (win.dw * (win.kw - 1) + 1)) / win.sw + 1;
+  return win;
+}
+
+// im2col(self [N,] C, H, W, kernel_size, dilation, padding, stride) -> [N,] C*kh*kw, oh*ow
+void lower_im2col(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  std::vector<int64_t> shape = x.type.shape;
+  bool batched = shape.size() == 4;
+  if (!batched) shape.insert(shape.begin(), 1);
+  int64_t n = shape[0], c = shape[1];
+  Window win = window_of(node, 1, shape[2], shape[3]);
+  if (out.numel() == 0) {
+    ctx.set_result(ctx.constant(0, out.dtype, out.shape));
+    return;
+  }
+  x = ctx.reshape(x, shape);
+  V zero = ctx.constant(0, x.type.dtype);
+  std::vector<int64_t> padded = {n, c, shape[2] + 2 * win.ph, shape[3] + 2 * win.pw};
+  x = ctx.emit("stablehlo.pad", {x, zero}, TensorType{padded, x.type.dtype},
+               "edge_padding_high = " + format_dims({0, 0, win.ph, win.pw}) +
+                   ", edge_padding_low = " + format_dims({0, 0, win.ph, win.pw}) +
+                   ", interior_padding = " + format_dims({0, 0, 0, 0}));
+  std::vector<V> positions;
+  for (int64_t i = 0; i < win.kh; ++i)
+    for (int64_t j = 0; j < win.kw; ++j) {
+      int64_t h0 = i * win.dh, w0 = j * win.dw;
+      V part = ctx.slice(x, {0, 0, h0, w0}, {n, c, h0 + win.sh * (win.oh - 1) + 1, w0 + win.sw * (win.ow - 1) + 1},
+                         {1, 1, win.sh, win.sw});
+      positions.push_back(ctx.reshape(part, {n, c, 1, win.oh * win.ow}));
+    }
+  V cols = positions.size() == 1 ? positions[0] : ctx.concatenate(positions, 2);
+  ctx.set_result(ctx.reshape(cols, out.shape));
+}
+
+// col2im(self [N,] C*kh*kw, L, output_size, kernel_size, dilation, padding, stride) -> [N,] C, H, W
+void lower_col2im(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V cols = ctx.input(node, 0);
+  const auto& size = node.args[1].ints;
+  Window win = window_of(node, 2, size[0], size[1]);
+  int64_t n = cols.type.rank() == 3 ? cols.type.shape[0] : 1;
+  int64_t c = out.shape[out.rank() - 3];
+  if (out.numel() == 0 || cols.type.numel() == 0) {
+    ctx.set_result(ctx.constant(0, out.dtype, out.shape));
+    return;
+  }
+  int64_t hp = size[0] + 2 * win.ph, wp = size[1] + 2 * win.pw, k = win.kh * win.kw;
+  cols = ctx.reshape(cols, {n, c, k, win.oh, win.ow});
+  TensorType image{{n, c, hp, wp}, out.dtype};
+  V zero = ctx.constant(0, out.dtype);
+  V sum = ctx.constant(0, out.dtype, image.shape);
+  for (int64_t i = 0; i < win.kh; ++i)
+    for (int64_t j = 0; j < win.kw; ++j) {
+      int64_t at = i * win.kw + j, h0 = i * win.dh, w0 = j * win.dw;
+      V part = ctx.reshape(ctx.slice(cols, {0, 0, at, 0, 0}, {n, c, at + 1, win.oh, win.ow}, {1, 1, 1, 1, 1}),
+                           {n, c, win.oh, win.ow});
+      int64_t h1 = hp - (h0 + win.sh * (win.oh - 1) + 1), w1 = wp - (w0 + win.sw * (win.ow - 1) + 1);
+      V placed = ctx.emit("stablehlo.pad", {part, zero}, image,
+                          "edge_padding_high = " + format_dims({0, 0, h1, w1}) +
+                              ", edge_padding_low = " + format_dims({0, 0, h0, w0}) +
+                              ", interior_padding = " + format_dims({0, 0, win.sh - 1, win.sw - 1}));
+      sum = ctx.binary("stablehlo.add", sum, placed);
+    }
+  V cropped = ctx.slice(sum, {0, 0, win.ph, win.pw}, {n, c, win.ph + size[0], win.pw + size[1]}, {1, 1, 1, 1});
+  ctx.set_result(ctx.reshape(cropped, out.shape));
+}
+
+LOWERING("aten::avg_pool2d", lower_avg_pool2d, nullptr, kNoBool);
 LOWERING("aten::avg_pool2d_backward", lower_avg_pool2d_backward);
-LOWERING("aten::_adaptive_avg_pool2d", lower_adaptive_avg_pool2d);
+LOWERING("aten::_adaptive_avg_pool2d", lower_adaptive_avg_pool2d, nullptr, kFloatOnly);
 LOWERING("aten::_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool2d_backward);
 LOWERING("aten::upsample_nearest2d", lower_upsample_nearest2d);
 LOWERING("aten::upsample_nearest2d_backward", lower_upsample_nearest2d_backward);
-LOWERING("aten::upsample_bilinear2d", lower_upsample_bilinear2d);
+LOWERING("aten::upsample_bilinear2d", lower_upsample_bilinear2d, nullptr, kFloatOnly);
 LOWERING("aten::upsample_bilinear2d_backward", lower_upsample_bilinear2d_backward);
-LOWERING("aten::max_pool2d_with_indices", lower_max_pool2d);
-LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool2d_backward);
-LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool2d);
-LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool2d_backward);
+LOWERING("aten::max_pool2d_with_indices", lower_max_pool2d, nullptr, kNoBool);
+LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool2d_backward, nullptr, kFloatOnly);
+LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool2d, nullptr, kFloatOnly);
+LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool2d_backward, nullptr, kFloatOnly);
+LOWERING("aten::im2col", lower_im2col, nullptr, kFloatOnly);
+LOWERING("aten::col2im", lower_col2im, nullptr, kFloatOnly);
 
 }  // namespace
 }  // namespace torchtpu

@@ -208,15 +208,15 @@ void lower_native_dropout_backward(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.select(mask, scaled, ctx.constant(0, out.dtype, out.shape)));
 }
 
-LOWERING("aten::uniform", lower_uniform, nullptr, false, /*random=*/true);
+LOWERING("aten::uniform", lower_uniform, nullptr, RuleFlags{.random = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
 LOWERING("aten::normal_functional", lower_normal, "functional", false, true);
 LOWERING("aten::normal.Tensor_float", lower_normal, "tensor", false, true);
 LOWERING("aten::normal.float_Tensor", lower_normal, "tensor", false, true);
 LOWERING("aten::normal.Tensor_Tensor", lower_normal, "tensor", false, true);
 LOWERING("aten::normal.float_float", lower_normal, "tensor", false, true);
-LOWERING("aten::bernoulli", lower_bernoulli, nullptr, false, true);
+LOWERING("aten::bernoulli", lower_bernoulli, nullptr, RuleFlags{.random = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
 LOWERING("aten::bernoulli.p", lower_bernoulli, "p", false, true);
-LOWERING("aten::bernoulli.Tensor", lower_bernoulli, nullptr, false, true);
+LOWERING("aten::bernoulli.Tensor", lower_bernoulli, nullptr, RuleFlags{.random = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
 LOWERING("aten::random.from", lower_random, "from", false, true);
 LOWERING("aten::random.to", lower_random, "to", false, true);
 LOWERING("aten::random", lower_random, "all", false, true);

@@ -42,6 +42,7 @@ RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data,
   LoweringRule rule{OpKind::intern(op), fn, data, flags.static_scalars, flags.random};
   rule.complex = flags.complex;
   rule.collective = flags.collective;
+  rule.refuses = flags.refuses;
   add_rule(rule);
 }
 

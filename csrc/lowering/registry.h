@@ -1,6 +1,7 @@
 // The table of aten-op lowerings: op kind ("aten::add.Tensor") -> emitter function.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,17 @@ struct LoweringRule {
   // A collective across processes: its last arg lists the global device ids of its replicas
   // (lowering/collective.cpp); a graph holding one is compiled for those replicas.
   bool collective = false;
+  // Dtype classes (kRefuseBool | kRefuseInteger | kRefuseFloat) that PyTorch's CPU and CUDA
+  // kernels refuse to compute this op in, judged on its first result's dtype (clamp(bool, min=0)
+  // is an int64 clamp and runs; clamp(bool, min=False) is refused), or on its first tensor
+  // argument's with kJudgeSelf (argmax of bools gives int64 yet is refused). Such calls run through the CPU
+  // fallback, whose kernel raises PyTorch's NotImplementedError ("\"addmm_impl_cpu_\" not
+  // implemented for 'Bool'") instead of the lowering computing something PyTorch refuses, or
+  // XLA failing (XLA:CPU aborts on bool dots).
+  uint8_t refuses = 0;
 };
+
+enum : uint8_t { kRefuseBool = 1, kRefuseInteger = 2, kRefuseFloat = 4, kJudgeSelf = 8 };
 
 // A rule's properties, declared at registration:
 // LOWERING("aten::norm.Scalar", lower_vector_norm, "all", RuleFlags{.static_scalars = true, .complex = true});
@@ -32,9 +43,18 @@ struct RuleFlags {
   bool random = false;
   bool complex = false;
   bool collective = false;
+  uint8_t refuses = 0;
 };
 // Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, "exp", kTakesComplex);
 inline constexpr RuleFlags kTakesComplex{.complex = true};
+// Rules of ops PyTorch defines for some dtype classes only (see LoweringRule::refuses).
+inline constexpr RuleFlags kNoBool{.refuses = kRefuseBool};                            // matmul, conv, abs
+inline constexpr RuleFlags kComplexNoBool{.complex = true, .refuses = kRefuseBool};
+inline constexpr RuleFlags kFloatOnly{.refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)};       // softmax, gelu
+inline constexpr RuleFlags kIntegerOnly{.refuses = static_cast<uint8_t>(kRefuseFloat | kRefuseBool)};       // gcd, lcm
+inline constexpr RuleFlags kIntegerOrBool{.refuses = kRefuseFloat};                   // bitwise ops
+inline constexpr RuleFlags kSelfNotBool{.refuses = static_cast<uint8_t>(kRefuseBool | kJudgeSelf)};  // argmax
+inline constexpr RuleFlags kSelfFloatOnly{.refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger | kJudgeSelf)};
 
 const LoweringRule* find_lowering(const std::string& op);
 const LoweringRule* find_lowering(OpKind kind);

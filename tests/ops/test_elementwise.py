@@ -343,6 +343,28 @@ def test_bitwise_scalar_forms(mode):
                ("lnot", torch.logical_not, [torch.tensor([NAN, 0.0, 2.0])], None)])
 
 
+
+def test_gcd_lcm(mode):
+    # Zeros, negatives, the narrow types' limits, and lcm products that overflow int8/int16
+    # before the abs (CPU computes those in C++'s int and narrows the result).
+    g = torch.Generator().manual_seed(5)
+    cases = []
+    for dt in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        lo = 0 if dt == torch.uint8 else -60
+        a = torch.randint(lo, 60, (40,), generator=g).to(dt)
+        b = torch.randint(lo, 60, (40,), generator=g).to(dt)
+        a[:3], b[1:4] = 0, 0
+        if dt == torch.int8:
+            a[5], b[6] = -128, -128
+        for op in (torch.gcd, torch.lcm):
+            cases.append((f"{op.__name__}/{dt}", op, [a, b], None))
+    x = torch.tensor([12, -18, 0, 7])
+    cases += [("gcd/bcast", torch.gcd, [x, torch.tensor([[8], [3]])], None),
+              ("lcm/0d", torch.lcm, [x, torch.tensor(4)], None),
+              ("gcd_/in-place", lambda t: t.clone().gcd_(torch.full_like(t, 8)), [x], None)]
+    run_table(cases)
+
+
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64]
 

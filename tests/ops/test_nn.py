@@ -135,6 +135,35 @@ def test_sdpa_causal(mode):
 
 # -- end to end --------------------------------------------------------------------------------------
 
+# -- unfold / fold (im2col / col2im) ----------------------------------------------------------------
+
+UNFOLD_CASES = [dict(kernel_size=3), dict(kernel_size=(2, 3), dilation=(2, 1), padding=(1, 2), stride=(2, 3)),
+                dict(kernel_size=2, stride=2), dict(kernel_size=1)]
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_unfold_fold(mode, batched):
+    # Overlapping windows (kernel 3, stride 1) make fold and unfold's backward add several
+    # columns into one pixel: the sums are compared with CPU's, in its order.
+    torch.manual_seed(3)
+    lead = (2,) if batched else ()
+    for kw in UNFOLD_CASES:
+        check(lambda x: F.unfold(x, **kw), r(*lead, 3, 7, 8), grad=True)
+        cols = F.unfold(torch.zeros(*lead, 3, 7, 8), **kw).shape
+        check(lambda c: F.fold(c, (7, 8), **kw), r(*cols), grad=True)
+
+
+def test_unfold_keeps_inf_and_nan(mode):
+    x = torch.randn(1, 2, 5, 5)
+    x[0, 0, 1, 2], x[0, 1, 3, 3] = float("inf"), float("nan")
+    check(lambda x: F.unfold(x, 3, padding=1), x)  # no product with a 0/1 kernel: inf stays local
+    check(lambda c: F.fold(c, (5, 5), 3, padding=1), F.unfold(x, 3, padding=1))
+
+
+def test_unfold_bf16_and_module(mode):
+    check(lambda x: F.unfold(x.bfloat16(), 2, stride=2), r(2, 3, 6, 6), grad=True, atol=1e-2, rtol=1e-2)
+    check(lambda x: torch.nn.Fold((4, 4), 2)(torch.nn.Unfold(2)(x)), r(1, 2, 4, 4), grad=True)
+
 class TinyCNN(torch.nn.Module):
     def __init__(self):
         super().__init__()
