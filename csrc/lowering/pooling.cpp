@@ -2,7 +2,8 @@
 // avg_pool2d, _adaptive_avg_pool2d, upsample_nearest2d and upsample_bilinear2d are separable
 // linear maps: out = M_h . x . M_w^T with small matrices computed here from the shapes (host
 // constants), and their backward ops apply the transposed matrices. max_pool2d_with_indices
-// is a variadic reduce_window over (value, flat index); its backward scatter-adds by index.
+// follows CPU's loop over the window's positions (a variadic reduce_window for large windows);
+// its backward scatter-adds by index.
 // im2col / col2im (nn.Unfold / nn.Fold) are strided windows of the zero-padded image.
 #include <cmath>
 #include <cstdio>
@@ -221,8 +222,9 @@ void lower_upsample_bilinear2d_backward(LoweringContext& ctx, const Node& node) 
 
 // -- max pooling ---------------------------------------------------------------------------------
 
-// Reduction body over (value, index) pairs: the larger value, the earlier index on ties, a
-// NaN over a number (CPU's choice).
+// Reduction body over (value, index) pairs, CPU's choice in any order of combination: the
+// larger value, the earlier index among equal values, a NaN over a number, and the later index
+// among NaNs (CPU's loop takes `val > max || isnan(val)`, so the last NaN of a window wins).
 std::string argmax_body(LoweringContext& ctx, DType dt) {
   TensorType sv{{}, dt}, si{{}, DType::Int64};
   return ctx.region({sv, si, sv, si}, [&](const std::vector<V>& a) {
@@ -234,40 +236,56 @@ std::string argmax_body(LoweringContext& ctx, DType dt) {
     V both_nan = ctx.binary("stablehlo.and", b_nan, a_nan);
     V take = ctx.binary("stablehlo.or", gt, ctx.binary("stablehlo.and", eq, earlier));
     take = ctx.binary("stablehlo.or", take, ctx.binary("stablehlo.and", b_nan, ctx.unary("stablehlo.not", a_nan)));
-    take = ctx.binary("stablehlo.or", take, ctx.binary("stablehlo.and", both_nan, earlier));
+    take = ctx.binary("stablehlo.or", take, ctx.binary("stablehlo.and", both_nan, ctx.compare("GT", bi, ai)));
     return std::vector<V>{ctx.select(take, bv, av), ctx.select(take, bi, ai)};
   });
 }
 
-// Max over windows of x [..., H, W] returning (values, flat h*W+w indices), CPU's choice on
-// ties (first in the window) and NaN (a NaN wins).
-std::vector<V> max_window(LoweringContext& ctx, const V& x, const std::vector<int64_t>& kernel,
-                          const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
-                          const std::vector<int64_t>& dilation, const TensorType& out, const TensorType& idx_type) {
+// A window geometry over the last two dims of x: kernel, stride, dilation, low padding, and the
+// high padding that makes every window of the output fit.
+struct MaxWindow {
+  int64_t k[2], s[2], d[2], lo[2], hi[2], in[2], out[2];
+};
+
+MaxWindow max_window_geometry(const V& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,
+                              const std::vector<int64_t>& pad_lo, const std::vector<int64_t>& dilation,
+                              const TensorType& out) {
   int64_t r = x.type.rank();
-  int64_t H = x.type.shape[r - 2], W = x.type.shape[r - 1];
+  MaxWindow w;
+  for (int k = 0; k < 2; ++k) {
+    w.k[k] = kernel[k];
+    w.s[k] = stride[k];
+    w.d[k] = dilation[k];
+    w.lo[k] = pad_lo[k];
+    w.in[k] = x.type.shape[r - 2 + k];
+    w.out[k] = out.shape[r - 2 + k];
+    w.hi[k] = std::max<int64_t>((w.out[k] - 1) * w.s[k] + w.d[k] * (w.k[k] - 1) + 1 - w.in[k] - w.lo[k], 0);
+  }
+  return w;
+}
+
+// The variadic reduce_window over (value, flat index) pairs: any window size.
+std::vector<V> max_window_reduce(LoweringContext& ctx, const V& x, const MaxWindow& w, const TensorType& out,
+                                 const TensorType& idx_type) {
+  int64_t r = x.type.rank();
   TensorType it{x.type.shape, DType::Int64};
   V hi = ctx.iota(it, r - 2), wi = ctx.iota(it, r - 1);
-  V flat = ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", hi, ctx.constant_int(W, DType::Int64, it.shape)), wi);
+  V flat = ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", hi, ctx.constant_int(w.in[1], DType::Int64, it.shape)), wi);
   DType dt = x.type.dtype;
   std::string body = argmax_body(ctx, dt);
   std::vector<int64_t> dims(r, 1), strides(r, 1), base(r, 1), wdil(r, 1);
-  dims[r - 2] = kernel[0];
-  dims[r - 1] = kernel[1];
-  strides[r - 2] = stride[0];
-  strides[r - 1] = stride[1];
-  wdil[r - 2] = dilation[0];
-  wdil[r - 1] = dilation[1];
   std::string padding = "dense<[";
-  int64_t sizes[2] = {H, W};
   for (int64_t i = 0; i < r; ++i) {
-    int64_t lo = 0, hi = 0;
+    int64_t lo = 0, hi_pad = 0;
     if (i >= r - 2) {
       int64_t k = i - (r - 2);
-      lo = pad_lo[k];
-      hi = std::max<int64_t>((out.shape[i] - 1) * stride[k] + dilation[k] * (kernel[k] - 1) + 1 - sizes[k] - lo, 0);
+      dims[i] = w.k[k];
+      strides[i] = w.s[k];
+      wdil[i] = w.d[k];
+      lo = w.lo[k];
+      hi_pad = w.hi[k];
     }
-    padding += (i ? ", [" : "[") + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    padding += (i ? ", [" : "[") + std::to_string(lo) + ", " + std::to_string(hi_pad) + "]";
   }
   padding += "]> : tensor<" + std::to_string(r) + "x2xi64>";
   V init_v = lowest_scalar(ctx, dt);
@@ -276,6 +294,80 @@ std::vector<V> max_window(LoweringContext& ctx, const V& x, const std::vector<in
                       ", base_dilations = " + format_dims(base) + ", window_dilations = " + format_dims(wdil) +
                       ", padding = " + padding;
   return ctx.emit_multi("stablehlo.reduce_window", {x, flat, init_v, init_i}, {out, idx_type}, attrs, body);
+}
+
+// CPU's loop written out over the window's positions (row-major, as CPU visits them): one strided
+// slice of the padded input per position and an elementwise update, `take` where the position is
+// inside the image and is the window's first such position, or holds a larger value or a NaN.
+// XLA fuses the whole into one loop; the variadic reduce_window above runs several times slower
+// on XLA:CPU (docs/benchmarks.md).
+std::vector<V> max_window_unrolled(LoweringContext& ctx, const V& x, const MaxWindow& w, const TensorType& out,
+                                   const TensorType& idx_type) {
+  int64_t r = x.type.rank();
+  DType dt = x.type.dtype;
+  std::vector<int64_t> padded = x.type.shape, edge_lo(r, 0), edge_hi(r, 0);
+  for (int k = 0; k < 2; ++k) {
+    padded[r - 2 + k] += w.lo[k] + w.hi[k];
+    edge_lo[r - 2 + k] = w.lo[k];
+    edge_hi[r - 2 + k] = w.hi[k];
+  }
+  V xp = ctx.emit("stablehlo.pad", {x, lowest_scalar(ctx, dt)}, TensorType{padded, dt},
+                  "edge_padding_high = " + format_dims(edge_hi) + ", edge_padding_low = " + format_dims(edge_lo) +
+                      ", interior_padding = " + format_dims(std::vector<int64_t>(r, 0)));
+  // Per output cell (oh, ow): the input row and column its window starts at.
+  std::vector<int64_t> plane = {w.out[0], w.out[1]};
+  TensorType plane_i64{plane, DType::Int64};
+  auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, plane); };
+  V row0 = ctx.binary("stablehlo.subtract", ctx.binary("stablehlo.multiply", ctx.iota(plane_i64, 0), i64(w.s[0])), i64(w.lo[0]));
+  V col0 = ctx.binary("stablehlo.subtract", ctx.binary("stablehlo.multiply", ctx.iota(plane_i64, 1), i64(w.s[1])), i64(w.lo[1]));
+  std::vector<int64_t> plane_dims = {r - 2, r - 1};
+  auto inside = [&](const V& pos, int64_t size) {
+    return ctx.binary("stablehlo.and", ctx.compare("GE", pos, i64(0)), ctx.compare("LT", pos, i64(size)));
+  };
+  V best, best_index, seen;
+  for (int64_t i = 0; i < w.k[0]; ++i)
+    for (int64_t j = 0; j < w.k[1]; ++j) {
+      std::vector<int64_t> start(r, 0), limit = padded, strides(r, 1);
+      for (int k = 0; k < 2; ++k) {
+        int64_t offset = (k == 0 ? i : j) * w.d[k];
+        start[r - 2 + k] = offset;
+        limit[r - 2 + k] = offset + w.s[k] * (w.out[k] - 1) + 1;
+        strides[r - 2 + k] = w.s[k];
+      }
+      V value = ctx.slice(xp, start, limit, strides);
+      V row = ctx.binary("stablehlo.add", row0, i64(i * w.d[0]));
+      V col = ctx.binary("stablehlo.add", col0, i64(j * w.d[1]));
+      V valid = ctx.broadcast_in_dim(ctx.binary("stablehlo.and", inside(row, w.in[0]), inside(col, w.in[1])),
+                                     out.shape, plane_dims);
+      V index = ctx.broadcast_in_dim(ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", row, i64(w.in[1])), col),
+                                     out.shape, plane_dims);
+      if (best.name.empty()) {  // the first position: taken wherever it is inside the image
+        best = value;
+        best_index = index;
+        seen = valid;
+        continue;
+      }
+      V better = ctx.compare("GT", value, best);
+      if (is_floating(dt)) better = ctx.binary("stablehlo.or", better, ctx.compare("NE", value, value));
+      V take = ctx.binary("stablehlo.and", valid, ctx.binary("stablehlo.or", better, ctx.unary("stablehlo.not", seen)));
+      best = ctx.select(take, value, best);
+      best_index = ctx.select(take, index, best_index);
+      seen = ctx.binary("stablehlo.or", seen, valid);
+    }
+  return {best, ctx.convert(best_index, idx_type.dtype)};
+}
+
+// Max over windows of x [..., H, W] returning (values, flat h*W+w indices) as CPU computes them.
+// Small windows (every usual max pool) take the unrolled form; large ones (a global max pool)
+// the reduce_window, whose module size does not grow with the window.
+constexpr int64_t kMaxUnrolledWindow = 25;
+
+std::vector<V> max_window(LoweringContext& ctx, const V& x, const std::vector<int64_t>& kernel,
+                          const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
+                          const std::vector<int64_t>& dilation, const TensorType& out, const TensorType& idx_type) {
+  MaxWindow w = max_window_geometry(x, kernel, stride, pad_lo, dilation, out);
+  if (w.k[0] * w.k[1] <= kMaxUnrolledWindow && out.numel() > 0) return max_window_unrolled(ctx, x, w, out, idx_type);
+  return max_window_reduce(ctx, x, w, out, idx_type);
 }
 
 // max_pool2d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode)

@@ -41,6 +41,34 @@ def test_max_pool2d(mode):
           grad=True)
 
 
+def _pool_input(seed, shape, dtype=torch.float32):
+    """Small integers (so windows hold ties), with NaNs and -infs sprinkled in for floats."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-3, 3, shape, generator=g).to(dtype)
+    if dtype.is_floating_point:
+        pick = torch.rand(shape, generator=g)
+        x[pick < 0.08] = float("nan")
+        x[(pick >= 0.08) & (pick < 0.16)] = float("-inf")
+    return x
+
+
+def test_max_pool2d_ties_nans_and_padding(mode):
+    # Values and indices exactly as CPU's loop picks them: the first of equal values, the last NaN
+    # of a window, a window of -infs points at its first position inside the image, padding never.
+    # Windows up to 5x5 take the unrolled lowering, larger ones the reduce_window: both here.
+    configs = [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2), dict(kernel_size=(2, 3), stride=1),
+               dict(kernel_size=3, stride=1, padding=1, dilation=2), dict(kernel_size=3, stride=2, ceil_mode=True),
+               dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 1), ceil_mode=True), dict(kernel_size=(7, 7)),
+               dict(kernel_size=6, stride=3, padding=3)]
+    for i, cfg in enumerate(configs):
+        for dtype in (torch.float32, torch.int64):
+            x = _pool_input(i, (2, 3, 9, 10), dtype)
+            check(lambda x: F.max_pool2d(x, return_indices=True, **cfg), x)
+    x = _pool_input(20, (2, 3, 9, 10)).requires_grad_()
+    check(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)[0].nan_to_num(0.0), x, grad=True)
+    check(lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True), _pool_input(21, (2, 3, 7, 9)))
+
+
 def test_avg_pool2d(mode):
     check(lambda x: F.avg_pool2d(x, 2), r(2, 2, 4, 5), grad=True)
     check(lambda x: F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True), r(1, 2, 7, 6), grad=True)
