@@ -296,11 +296,56 @@ std::vector<V> max_window_reduce(LoweringContext& ctx, const V& x, const MaxWind
   return ctx.emit_multi("stablehlo.reduce_window", {x, flat, init_v, init_i}, {out, idx_type}, attrs, body);
 }
 
+// Which window positions of one axis fall inside the image for every output cell: position p
+// (0 <= p < k) of cell o reads input o*s - lo + p*d.
+std::vector<bool> always_inside(const MaxWindow& w, int axis) {
+  std::vector<bool> all(w.k[axis], true);
+  for (int64_t p = 0; p < w.k[axis]; ++p)
+    for (int64_t o = 0; o < w.out[axis]; ++o) {
+      int64_t at = o * w.s[axis] - w.lo[axis] + p * w.d[axis];
+      if (at < 0 || at >= w.in[axis]) all[p] = false;
+    }
+  return all;
+}
+
+// Window-position helpers over the output cells (oh, ow), as [Ho, Wo] planes broadcast to the
+// output's `shape`: the input row and column a cell's window starts at (o*s - lo), whether
+// position (i, j) of each cell's window lies inside the image, and the flat input index of each
+// cell's window start.
+struct WindowPlanes {
+  LoweringContext& ctx;
+  const MaxWindow& w;
+  std::vector<int64_t> shape;
+  TensorType plane{{w.out[0], w.out[1]}, DType::Int64};
+
+  V i64(int64_t v) { return ctx.constant_int(v, DType::Int64, plane.shape); }
+  V start(int axis) {
+    return ctx.binary("stablehlo.subtract", ctx.binary("stablehlo.multiply", ctx.iota(plane, axis), i64(w.s[axis])),
+                      i64(w.lo[axis]));
+  }
+  V broadcast(const V& v) {
+    int64_t r = static_cast<int64_t>(shape.size());
+    return ctx.broadcast_in_dim(v, shape, {r - 2, r - 1});
+  }
+  V valid(int64_t i, int64_t j) {
+    auto inside = [&](int axis, int64_t p) {
+      V at = ctx.binary("stablehlo.add", start(axis), i64(p * w.d[axis]));
+      return ctx.binary("stablehlo.and", ctx.compare("GE", at, i64(0)), ctx.compare("LT", at, i64(w.in[axis])));
+    };
+    return broadcast(ctx.binary("stablehlo.and", inside(0, i), inside(1, j)));
+  }
+  // The flat input index of each cell's window start, (o_h*s_h - lo_h)*W + (o_w*s_w - lo_w).
+  V window_start_index() {
+    return broadcast(ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", start(0), i64(w.in[1])), start(1)));
+  }
+};
+
 // CPU's loop written out over the window's positions (row-major, as CPU visits them): one strided
-// slice of the padded input per position and an elementwise update, `take` where the position is
-// inside the image and is the window's first such position, or holds a larger value or a NaN.
-// XLA fuses the whole into one loop; the variadic reduce_window above runs several times slower
-// on XLA:CPU (docs/benchmarks.md).
+// slice of the input padded with the lowest value per position and an elementwise update, taking
+// a larger value or a NaN, or the window's first position inside the image. A padded position
+// holds the lowest value, so it is never larger: the inside test is only needed until every
+// cell has seen a position inside the image (the first positions, with padding). XLA fuses the
+// whole into loops; the variadic reduce_window above runs several times slower on XLA:CPU.
 std::vector<V> max_window_unrolled(LoweringContext& ctx, const V& x, const MaxWindow& w, const TensorType& out,
                                    const TensorType& idx_type) {
   int64_t r = x.type.rank();
@@ -314,17 +359,14 @@ std::vector<V> max_window_unrolled(LoweringContext& ctx, const V& x, const MaxWi
   V xp = ctx.emit("stablehlo.pad", {x, lowest_scalar(ctx, dt)}, TensorType{padded, dt},
                   "edge_padding_high = " + format_dims(edge_hi) + ", edge_padding_low = " + format_dims(edge_lo) +
                       ", interior_padding = " + format_dims(std::vector<int64_t>(r, 0)));
-  // Per output cell (oh, ow): the input row and column its window starts at.
-  std::vector<int64_t> plane = {w.out[0], w.out[1]};
-  TensorType plane_i64{plane, DType::Int64};
-  auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, plane); };
-  V row0 = ctx.binary("stablehlo.subtract", ctx.binary("stablehlo.multiply", ctx.iota(plane_i64, 0), i64(w.s[0])), i64(w.lo[0]));
-  V col0 = ctx.binary("stablehlo.subtract", ctx.binary("stablehlo.multiply", ctx.iota(plane_i64, 1), i64(w.s[1])), i64(w.lo[1]));
-  std::vector<int64_t> plane_dims = {r - 2, r - 1};
-  auto inside = [&](const V& pos, int64_t size) {
-    return ctx.binary("stablehlo.and", ctx.compare("GE", pos, i64(0)), ctx.compare("LT", pos, i64(size)));
-  };
-  V best, best_index, seen;
+  std::vector<bool> rows_inside = always_inside(w, 0), cols_inside = always_inside(w, 1);
+  WindowPlanes planes{ctx, w, out.shape};
+  // Static bookkeeping of which cells have seen a position inside the image.
+  std::vector<std::vector<bool>> seen_cell(w.out[0], std::vector<bool>(w.out[1], false));
+  bool all_seen = false;
+  // best_offset: the flat offset i*d_h*W + j*d_w of the chosen position from the window's start,
+  // int32 (cheap on every platform; an int64 division per cell cost XLA:CPU more than the pool).
+  V best, best_offset, seen;
   for (int64_t i = 0; i < w.k[0]; ++i)
     for (int64_t j = 0; j < w.k[1]; ++j) {
       std::vector<int64_t> start(r, 0), limit = padded, strides(r, 1);
@@ -335,26 +377,37 @@ std::vector<V> max_window_unrolled(LoweringContext& ctx, const V& x, const MaxWi
         strides[r - 2 + k] = w.s[k];
       }
       V value = ctx.slice(xp, start, limit, strides);
-      V row = ctx.binary("stablehlo.add", row0, i64(i * w.d[0]));
-      V col = ctx.binary("stablehlo.add", col0, i64(j * w.d[1]));
-      V valid = ctx.broadcast_in_dim(ctx.binary("stablehlo.and", inside(row, w.in[0]), inside(col, w.in[1])),
-                                     out.shape, plane_dims);
-      V index = ctx.broadcast_in_dim(ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", row, i64(w.in[1])), col),
-                                     out.shape, plane_dims);
-      if (best.name.empty()) {  // the first position: taken wherever it is inside the image
+      V valid;  // empty: inside the image for every cell (or no longer needed)
+      if (!all_seen && !(rows_inside[i] && cols_inside[j])) valid = planes.valid(i, j);
+      V offset = ctx.constant_int(i * w.d[0] * w.in[1] + j * w.d[1], DType::Int32, out.shape);
+      if (best.name.empty()) {
         best = value;
-        best_index = index;
+        best_offset = offset;
         seen = valid;
-        continue;
+      } else {
+        V take = ctx.compare("GT", value, best);
+        if (is_floating(dt)) take = ctx.binary("stablehlo.or", take, ctx.compare("NE", value, value));
+        if (!all_seen) {
+          V first = ctx.unary("stablehlo.not", seen);
+          if (!valid.name.empty()) first = ctx.binary("stablehlo.and", first, valid);
+          take = ctx.binary("stablehlo.or", take, first);
+        }
+        best = ctx.select(take, value, best);
+        best_offset = ctx.select(take, offset, best_offset);
+        if (!all_seen) seen = valid.name.empty() ? V{} : ctx.binary("stablehlo.or", seen, valid);
       }
-      V better = ctx.compare("GT", value, best);
-      if (is_floating(dt)) better = ctx.binary("stablehlo.or", better, ctx.compare("NE", value, value));
-      V take = ctx.binary("stablehlo.and", valid, ctx.binary("stablehlo.or", better, ctx.unary("stablehlo.not", seen)));
-      best = ctx.select(take, value, best);
-      best_index = ctx.select(take, index, best_index);
-      seen = ctx.binary("stablehlo.or", seen, valid);
+      if (!all_seen) {
+        all_seen = true;
+        for (int64_t oh = 0; oh < w.out[0]; ++oh)
+          for (int64_t ow = 0; ow < w.out[1]; ++ow) {
+            int64_t h = oh * w.s[0] - w.lo[0] + i * w.d[0], c = ow * w.s[1] - w.lo[1] + j * w.d[1];
+            if (h >= 0 && h < w.in[0] && c >= 0 && c < w.in[1]) seen_cell[oh][ow] = true;
+            all_seen = all_seen && seen_cell[oh][ow];
+          }
+      }
     }
-  return {best, ctx.convert(best_index, idx_type.dtype)};
+  V index = ctx.binary("stablehlo.add", planes.window_start_index(), ctx.convert(best_offset, DType::Int64));
+  return {best, ctx.convert(index, idx_type.dtype)};
 }
 
 // Max over windows of x [..., H, W] returning (values, flat h*W+w indices) as CPU computes them.
@@ -362,25 +415,38 @@ std::vector<V> max_window_unrolled(LoweringContext& ctx, const V& x, const MaxWi
 // the reduce_window, whose module size does not grow with the window.
 constexpr int64_t kMaxUnrolledWindow = 25;
 
-std::vector<V> max_window(LoweringContext& ctx, const V& x, const std::vector<int64_t>& kernel,
-                          const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
-                          const std::vector<int64_t>& dilation, const TensorType& out, const TensorType& idx_type) {
-  MaxWindow w = max_window_geometry(x, kernel, stride, pad_lo, dilation, out);
+std::vector<V> max_window(LoweringContext& ctx, const V& x, const MaxWindow& w, const TensorType& out,
+                          const TensorType& idx_type) {
   if (w.k[0] * w.k[1] <= kMaxUnrolledWindow && out.numel() > 0) return max_window_unrolled(ctx, x, w, out, idx_type);
   return max_window_reduce(ctx, x, w, out, idx_type);
+}
+
+// max_pool2d's (kernel_size, stride, padding, dilation) arguments, from argument `first` on, over
+// x and the pooled shape `out`.
+MaxWindow max_pool_window(const Node& node, int first, const V& x, const TensorType& out) {
+  const auto& k = node.args[first].ints;
+  int64_t kh = at(k, 0, 1), kw = at(k, 1, 1);
+  const auto& s = node.args[first + 1].ints;
+  const auto& p = node.args[first + 2].ints;
+  const auto& d = node.args[first + 3].ints;
+  return max_window_geometry(x, {kh, kw}, {at(s, 0, kh), at(s, 1, kw)}, {at(p, 0, 0), at(p, 1, 0)},
+                             {at(d, 0, 1), at(d, 1, 1)}, out);
 }
 
 // max_pool2d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode)
 void lower_max_pool2d(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
-  const auto& k = node.args[1].ints;
-  int64_t kh = at(k, 0, 1), kw = at(k, 1, 1);
-  const auto& s = node.args[2].ints;
-  const auto& p = node.args[3].ints;
-  const auto& d = node.args[4].ints;
-  ctx.set_results(max_window(ctx, x, {kh, kw}, {at(s, 0, kh), at(s, 1, kw)}, {at(p, 0, 0), at(p, 1, 0)},
-                             {at(d, 0, 1), at(d, 1, 1)}, out, ctx.out(node, 1)));
+  ctx.set_results(max_window(ctx, x, max_pool_window(node, 1, x, out), out, ctx.out(node, 1)));
+}
+
+// The window of an adaptive pool whose sizes divide evenly (kernel = stride = in / out), or none.
+bool even_adaptive_window(const V& x, const TensorType& pooled, MaxWindow* w) {
+  int64_t r = x.type.rank();
+  int64_t H = x.type.shape[r - 2], W = x.type.shape[r - 1], Ho = pooled.shape[r - 2], Wo = pooled.shape[r - 1];
+  if (Ho == 0 || Wo == 0 || H % Ho != 0 || W % Wo != 0) return false;
+  *w = max_window_geometry(x, {H / Ho, W / Wo}, {H / Ho, W / Wo}, {0, 0}, {1, 1}, pooled);
+  return true;
 }
 
 // adaptive_max_pool2d(self, output_size): a regular max pool when the sizes divide evenly.
@@ -389,8 +455,9 @@ void lower_adaptive_max_pool2d(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   int64_t r = x.type.rank();
   int64_t H = x.type.shape[r - 2], W = x.type.shape[r - 1], Ho = out.shape[r - 2], Wo = out.shape[r - 1];
-  if (H % Ho == 0 && W % Wo == 0) {
-    ctx.set_results(max_window(ctx, x, {H / Ho, W / Wo}, {H / Ho, W / Wo}, {0, 0}, {1, 1}, out, ctx.out(node, 1)));
+  MaxWindow even;
+  if (even_adaptive_window(x, out, &even)) {
+    ctx.set_results(max_window(ctx, x, even, out, ctx.out(node, 1)));
     return;
   }
   // Uneven windows: every output cell masks the whole plane ([..., Ho, Wo, H, W]) and reduces.
@@ -431,28 +498,36 @@ void lower_adaptive_max_pool2d(LoweringContext& ctx, const Node& node) {
                                  "dimensions = " + format_dims({r, r + 1}), body));
 }
 
-// Scatter-adds grad [..., Ho, Wo] into [..., H, W] at flat per-plane indices.
+// Scatter-adds grad [..., Ho, Wo] into [..., H, W] at flat per-plane indices: one index per
+// update into the flattened planes (plane * H*W + index), in grad's own shape (a scalar index
+// per element: no reshape, which XLA:CPU would otherwise fuse with the forward's window loop
+// into one slow, unvectorised loop). An index outside its plane is sent past the end, so that
+// the scatter drops it instead of writing a neighbouring plane.
 V scatter_by_index(LoweringContext& ctx, const V& grad, const V& indices, const TensorType& out) {
   DType acc = acc_dtype(out.dtype);
   int64_t r = out.rank();
   int64_t planes = 1;
   for (int64_t i = 0; i < r - 2; ++i) planes *= out.shape[i];
   int64_t hw = out.shape[r - 2] * out.shape[r - 1];
-  int64_t L = grad.type.numel() / std::max<int64_t>(planes, 1);
-  V g = ctx.reshape(ctx.convert(grad, acc), {planes, L});
-  V idx = ctx.reshape(ctx.convert(indices, DType::Int64), {planes, L, 1});
-  V plane = ctx.iota(TensorType{{planes, L, 1}, DType::Int64}, 0);
-  V full_idx = ctx.concatenate({plane, idx}, 2);
-  V zeros = ctx.constant(0, acc, {planes, hw});
+  const std::vector<int64_t>& cells = grad.type.shape;
+  TensorType cell_i64{cells, DType::Int64};
+  auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, cells); };
+  V idx = ctx.convert(indices, DType::Int64);
+  V flat = idx;
+  for (int64_t d = r - 3, stride = hw; d >= 0; stride *= out.shape[d], --d)
+    flat = ctx.binary("stablehlo.add", flat, ctx.binary("stablehlo.multiply", ctx.iota(cell_i64, d), i64(stride)));
+  V inside = ctx.binary("stablehlo.and", ctx.compare("GE", idx, i64(0)), ctx.compare("LT", idx, i64(hw)));
+  flat = ctx.select(inside, flat, i64(planes * hw));
+  V zeros = ctx.constant(0, acc, {planes * hw});
   TensorType s{{}, acc};
   std::string body = ctx.region({s, s}, [&](const std::vector<V>& a) {
     return std::vector<V>{ctx.binary("stablehlo.add", a[0], a[1])};
   });
   std::string attrs =
-      "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], "
-      "scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, indices_are_sorted = false, "
+      "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], "
+      "scatter_dims_to_operand_dims = [0], index_vector_dim = " + std::to_string(r) + ">, indices_are_sorted = false, "
       "unique_indices = false";
-  V r0 = ctx.emit("stablehlo.scatter", {zeros, full_idx, g}, zeros.type, attrs, body);
+  V r0 = ctx.emit("stablehlo.scatter", {zeros, flat, ctx.convert(grad, acc)}, zeros.type, attrs, body);
   return ctx.convert(ctx.reshape(r0, out.shape), out.dtype);
 }
 

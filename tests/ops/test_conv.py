@@ -64,9 +64,33 @@ def test_max_pool2d_ties_nans_and_padding(mode):
         for dtype in (torch.float32, torch.int64):
             x = _pool_input(i, (2, 3, 9, 10), dtype)
             check(lambda x: F.max_pool2d(x, return_indices=True, **cfg), x)
-    x = _pool_input(20, (2, 3, 9, 10)).requires_grad_()
-    check(lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)[0].nan_to_num(0.0), x, grad=True)
+    # Gradients follow the indices (overlapping windows add up), in every geometry above, for
+    # bfloat16 too (accumulated in float32, as CPU does).
+    for i, cfg in enumerate(configs):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = _pool_input(40 + i, (2, 3, 9, 10), dtype).requires_grad_()
+            check(lambda x: F.max_pool2d(x, **cfg).nan_to_num(0.0, 0.0, 0.0), x, grad=True)
     check(lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True), _pool_input(21, (2, 3, 7, 9)))
+    for size in ((3, 5), (2, 3), (1, 1)):  # even windows (3x2, 1x1, 7x10) and uneven ones
+        x = _pool_input(22, (2, 3, 6, 10)).requires_grad_()
+        check(lambda x: F.adaptive_max_pool2d(x, size).nan_to_num(0.0, 0.0, 0.0), x, grad=True)
+
+
+def test_max_pool2d_backward_takes_any_index(mode):
+    # A direct call of the backward op may pass indices that are not the forward's: like CPU's
+    # kernel, tpu adds each cell's gradient wherever its index points in its own plane; an index
+    # outside the plane (undefined on CPU) adds nothing, never to a neighbouring plane.
+    grad = torch.arange(1.0, 9.0).reshape(2, 1, 2, 2)
+    x = torch.zeros(2, 1, 4, 4)
+    indices = torch.tensor([[[[0, 15], [15, 3]]], [[[16, -1], [5, 5]]]])
+    backward = torch.ops.aten.max_pool2d_with_indices_backward
+    args = ([2, 2], [2, 2], [0, 0], [1, 1], False)
+    out = backward(grad.to("tpu"), x.to("tpu"), *args, indices.to("tpu")).cpu()
+    in_plane = indices.clamp(0, 15)
+    assert torch.equal(out[0], backward(grad[:1], x[:1], *args, in_plane[:1])[0])
+    expected = torch.zeros(16)
+    expected[5] = 7.0 + 8.0
+    assert torch.equal(out[1].flatten(), expected)
 
 
 def test_avg_pool2d(mode):
