@@ -406,6 +406,19 @@ def test_rejected_arguments_raise_cpu_error_and_do_not_fall_back(name, policy, m
     assert torchtpu.metrics.counters()["fallback_ops"] == {}
 
 
+def test_a_declined_call_cpu_computes_is_still_a_counted_fallback(mode):
+    # pow of a bool tensor and a bool is refused on tpu (bool pow) but CPU computes it, as a
+    # copy in bool (the meta kernel says int64): a fallback, counted and warned once it ran.
+    b = torch.tensor([True, False])
+    torchtpu.metrics.reset()
+    with pytest.warns(UserWarning, match="aten::pow.Tensor_Scalar has no tpu lowering"):
+        out = torch.pow(b.to("tpu"), True)
+    assert out.device.type == "tpu" and out.dtype == torch.bool and torch.equal(out.cpu(), b)
+    assert torchtpu.metrics.counters()["fallback_ops"] == {"aten::pow.Tensor_Scalar": 1}
+    with fallback_policy("error"), pytest.raises(NotImplementedError, match="TORCHTPU_FALLBACK=error"):
+        torch.pow(b.to("tpu"), True)
+
+
 def test_valid_random_ranges_still_sample_in_range(mode):
     torch.manual_seed(0)
     ints = torch.randint(-3, 4, (200,), device="tpu").cpu()

@@ -148,6 +148,8 @@ void register_kernels() {
     std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
     autograd.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&checked_autograd_kernel>());
   }
+  for (const char* name : early_refusal_ops())
+    autograd.impl(name, torch::CppFunction::makeFromBoxedFunction<&early_refusal_kernel>());
   static torch::Library inplace_or_view(torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
   inplace_or_view.impl("copy_", TORCH_FN(copy_inplace_or_view));
 }

@@ -4,6 +4,7 @@
 //   data_dependent.cpp  ops whose result shape depends on the data (nonzero, unique, ...)
 //   composite.cpp     what PyTorch's composite kernels issue below functionalization:
 //                     views of inner tensors, in-place and out= ops, foreach ops
+//   early_refusals.cpp  dtypes PyTorch refuses above the tpu kernel (max_pool1d, normal_)
 //   cpu_fallback.cpp  ops without a lowering run on CPU, counted and under a policy;
 //                     calls a lowering declines get CPU's error, or count as fallbacks
 //   copy.cpp          allocation and copies between devices (one tpu_copy)
@@ -63,6 +64,13 @@ void check_op_devices(const c10::OperatorHandle& op, const std::string& name, co
 // functionalization sees a write across devices, then runs PyTorch's autograd kernel.
 void checked_autograd_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 bool needs_checked_autograd(const c10::OperatorHandle& op);  // mutable, two tensors or more
+
+// ---- early_refusals.cpp -----------------------------------------------------------------
+// The AutogradPrivateUse1 kernel of ops whose dtype refusals PyTorch makes before the tpu
+// kernel sees the call (composites such as max_pool1d, in-place random ops functionalization
+// checks on meta first): a refused dtype gets CPU's error, other calls PyTorch's kernel.
+void early_refusal_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+std::vector<const char*> early_refusal_ops();  // their names ("max_pool1d")
 
 // ---- record_op.cpp ----------------------------------------------------------------------
 // Records the op with its lowering; false when it declines the call (a refused or unsupported
