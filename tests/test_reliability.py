@@ -313,6 +313,10 @@ ARGUMENT_ERRORS = {
     "uniform_infinite": lambda d: torch.empty(3, device=d).uniform_(0, float("inf")),
     "bernoulli_p": lambda d: torch.empty(3, device=d).bernoulli_(1.5),
     "bernoulli_negative_p": lambda d: torch.empty(3, device=d).bernoulli_(-0.1),
+    "index_select_float_index": lambda d: torch.index_select(torch.ones(3, 2, device=d), 0, torch.zeros(2, device=d)),
+    "index_select_matrix_index": lambda d: torch.index_select(torch.ones(3, 2, device=d), 0,
+                                                              torch.zeros(1, 1, dtype=torch.int64, device=d)),
+    "softmax_dim": lambda d: F.softmax(torch.ones(2, 3, device=d), 5),
 }
 
 # Data-dependent: raised at the next wait (at the op in debug mode).
@@ -349,6 +353,70 @@ def test_argument_errors_match_cpu(name, mode):
     assert str(tpu.value).startswith(str(cpu)), (str(tpu.value), str(cpu))
     assert torchtpu.metrics.counters()["fallback_ops"] == before  # tpu's own check, not CPU's
     assert torch.equal(torch.mm(torch.ones(2, 3).to("tpu"), torch.ones(3, 1).to("tpu")).cpu(), torch.full((2, 1), 3.0))
+
+
+# ---- arguments PyTorch's own checks reject (at the op, in every mode) ---------------------
+# The meta kernel of an op with a lowering rejects these; CPU's kernel then gives the error,
+# the same exception and words as on CPU. Nothing fell back: no "no tpu lowering" warning, no
+# count, and TORCHTPU_FALLBACK=error does not replace the user's error with its own.
+
+REJECTED_ARGUMENTS = {
+    "mm_shapes": lambda d: torch.mm(torch.ones(2, 3, device=d), torch.ones(4, 5, device=d)),
+    "linear_shapes": lambda d: F.linear(torch.ones(2, 3, device=d), torch.ones(4, 5, device=d)),
+    "bmm_shapes": lambda d: torch.bmm(torch.ones(2, 2, 3, device=d), torch.ones(2, 4, 5, device=d)),
+    "mv_shapes": lambda d: torch.ones(2, 3, device=d) @ torch.ones(4, device=d),
+    "dot_sizes": lambda d: torch.dot(torch.ones(2, device=d), torch.ones(3, device=d)),
+    "cat_shapes": lambda d: torch.cat([torch.ones(2, 3, device=d), torch.ones(2, 4, device=d)]),
+    "stack_shapes": lambda d: torch.stack([torch.ones(2, device=d), torch.ones(3, device=d)]),
+    "conv2d_weight_shape": lambda d: F.conv2d(torch.ones(1, 2, 5, 5, device=d), torch.ones(1, 3, 2, 2, device=d)),
+    "add_broadcast": lambda d: torch.ones(2, 3, device=d) + torch.ones(4, device=d),
+    "where_broadcast": lambda d: torch.where(torch.ones(2, 3, dtype=torch.bool, device=d), torch.ones(4, device=d), 0.0),
+    "view_numel": lambda d: torch.ones(6, device=d).reshape(4, 2),
+    "expand_size": lambda d: torch.ones(2, 3, device=d).expand(4, 3),
+    "sum_dim": lambda d: torch.ones(2, 3, device=d).sum(5),
+    "gather_float_index": lambda d: torch.gather(torch.ones(3, device=d), 0, torch.zeros(2, device=d)),
+    "embedding_float_index": lambda d: F.embedding(torch.zeros(2, device=d), torch.ones(3, 4, device=d)),
+    "layer_norm_shape": lambda d: F.layer_norm(torch.ones(2, 3, device=d), (4,)),
+    "max_pool_output_size": lambda d: F.max_pool2d(torch.ones(1, 1, 2, 2, device=d), 5),
+    "var_mean_int": lambda d: torch.var_mean(torch.ones(3, dtype=torch.int64, device=d)),
+}
+
+
+@contextlib.contextmanager
+def fallback_policy(policy):
+    _C.set_fallback_policy(policy)
+    try:
+        yield
+    finally:
+        _C.set_fallback_policy(os.environ.get("TORCHTPU_FALLBACK", "warn"))
+
+
+@pytest.mark.parametrize("policy", ["warn", "error"])
+@pytest.mark.parametrize("name", sorted(REJECTED_ARGUMENTS))
+def test_rejected_arguments_raise_cpu_error_and_do_not_fall_back(name, policy, mode):
+    fn = REJECTED_ARGUMENTS[name]
+    cpu = _raised(fn, "cpu")
+    assert cpu is not None, "the oracle must raise"
+    torchtpu.metrics.reset()  # each op warns once: forget earlier warnings
+    with fallback_policy(policy), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tpu = _raised(fn, "tpu")
+    assert type(tpu) is type(cpu) and str(tpu) == str(cpu), (repr(tpu), repr(cpu))
+    assert [str(w.message) for w in caught if "no tpu lowering" in str(w.message)] == []
+    assert torchtpu.metrics.counters()["fallback_ops"] == {}
+
+
+def test_a_declined_call_cpu_computes_is_still_a_counted_fallback(mode):
+    # pow of a bool tensor and a bool is refused on tpu (bool pow) but CPU computes it, as a
+    # copy in bool (the meta kernel says int64): a fallback, counted and warned once it ran.
+    b = torch.tensor([True, False])
+    torchtpu.metrics.reset()
+    with pytest.warns(UserWarning, match="aten::pow.Tensor_Scalar has no tpu lowering"):
+        out = torch.pow(b.to("tpu"), True)
+    assert out.device.type == "tpu" and out.dtype == torch.bool and torch.equal(out.cpu(), b)
+    assert torchtpu.metrics.counters()["fallback_ops"] == {"aten::pow.Tensor_Scalar": 1}
+    with fallback_policy("error"), pytest.raises(NotImplementedError, match="TORCHTPU_FALLBACK=error"):
+        torch.pow(b.to("tpu"), True)
 
 
 def test_valid_random_ranges_still_sample_in_range(mode):

@@ -1,7 +1,8 @@
 // Ops without a lowering run on CPU through PyTorch's own boxed CPU fallback (inputs
 // copied to the host, the CPU kernel, written arguments and results copied back), under
 // torchtpu's policy: counted per op in metrics, warned once per op, an error under
-// TORCHTPU_FALLBACK=error.
+// TORCHTPU_FALLBACK=error. Calls a lowering declines run there too, but only count as a
+// fallback when CPU's kernel computes them (cpu_kernel_decides).
 #include <ATen/native/CPUFallback.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -34,22 +35,33 @@ void set_fallback_policy(const std::string& policy) {
   else throw std::invalid_argument("torchtpu: TORCHTPU_FALLBACK must be warn, error or silent, not '" + policy + "'");
 }
 
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  // PyTorch's structured kernels reach us as `op.out` after allocating the output; users
-  // know the op by its functional name.
-  std::string name = op.operator_name().overload_name == "out" ? op.operator_name().name : op_name(op);
+namespace {
+
+// PyTorch's structured kernels reach us as `op.out` after allocating the output; users know
+// the op by its functional name.
+std::string fallback_name(const c10::OperatorHandle& op) {
+  return op.operator_name().overload_name == "out" ? op.operator_name().name : op_name(op);
+}
+
+void check_fallback_allowed(const std::string& name) {
   if (g_fallback_policy == 1)
     TORCH_CHECK_NOT_IMPLEMENTED(false, "torchtpu: op ", name, " has no tpu lowering and TORCHTPU_FALLBACK=error; "
                                 "set TORCHTPU_FALLBACK=warn to run it on CPU");
+}
+
+void announce_fallback(const std::string& name) {
   Engine::get().record_fallback(name);
+  if (g_fallback_policy != 0) return;
+  std::lock_guard<std::mutex> lock(g_warned_mutex);
+  if (g_warned.insert(name).second)
+    TORCH_WARN("torchtpu: op ", name, " has no tpu lowering yet; it runs on CPU (copies to and from the device). "
+               "torchtpu.metrics.counters()['fallback_ops'] counts these; TORCHTPU_FALLBACK=error makes it an error.");
+}
+
+// The op's CPU kernel on host copies of its arguments; results come back to the op's device.
+void run_on_cpu(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack) {
   // The whole round trip: inputs to the host, the CPU kernel, results back.
   TraceSpan span([&] { return TraceEvent{"torchtpu::cpu_fallback#" + name, {{"op", name}}}; });
-  if (g_fallback_policy == 0) {
-    std::lock_guard<std::mutex> lock(g_warned_mutex);
-    if (g_warned.insert(name).second)
-      TORCH_WARN("torchtpu: op ", name, " has no tpu lowering yet; it runs on CPU (copies to and from the device). "
-                 "torchtpu.metrics.counters()['fallback_ops'] counts these; TORCHTPU_FALLBACK=error makes it an error.");
-  }
   const auto& schema = op.schema();
   size_t n = schema.arguments().size();
   int device = device_of_args(std::vector<c10::IValue>(stack->end() - n, stack->end()));
@@ -80,6 +92,22 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       v = std::move(out);
     }
   }
+}
+
+}  // namespace
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::string name = fallback_name(op);
+  check_fallback_allowed(name);
+  announce_fallback(name);
+  run_on_cpu(op, name, stack);
+}
+
+void cpu_kernel_decides(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::string name = fallback_name(op);
+  run_on_cpu(op, name, stack);  // PyTorch's error, if CPU's kernel raises one, propagates as is
+  check_fallback_allowed(name);
+  announce_fallback(name);
 }
 
 }  // namespace torchtpu

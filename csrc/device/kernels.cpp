@@ -67,7 +67,10 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     check_op_devices(op, name, std::vector<c10::IValue>(stack->end() - n, stack->end()));
     const LoweringRule* rule = info.rule;
     if (record_data_dependent(name, op, rule, stack)) return;
-    if (rule && !op.schema().is_mutable() && record_op(op, rule, stack)) return;
+    if (rule && !op.schema().is_mutable()) {
+      if (!record_op(op, rule, stack)) cpu_kernel_decides(op, stack);
+      return;
+    }
     if (!rule && is_view_op(op.schema()) && record_raw_view(op, stack, false)) return;
     if (!rule && is_inplace_view_op(name) && record_raw_view(op, stack, true)) return;
     if (!rule && op.schema().is_mutable() && record_mutable(op, stack)) return;
@@ -145,6 +148,8 @@ void register_kernels() {
     std::string full = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
     autograd.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&checked_autograd_kernel>());
   }
+  for (const char* name : early_refusal_ops())
+    autograd.impl(name, torch::CppFunction::makeFromBoxedFunction<&early_refusal_kernel>());
   static torch::Library inplace_or_view(torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
   inplace_or_view.impl("copy_", TORCH_FN(copy_inplace_or_view));
 }

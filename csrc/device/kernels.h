@@ -4,7 +4,9 @@
 //   data_dependent.cpp  ops whose result shape depends on the data (nonzero, unique, ...)
 //   composite.cpp     what PyTorch's composite kernels issue below functionalization:
 //                     views of inner tensors, in-place and out= ops, foreach ops
-//   cpu_fallback.cpp  ops without a lowering run on CPU, counted and under a policy
+//   early_refusals.cpp  dtypes PyTorch refuses above the tpu kernel (max_pool1d, normal_)
+//   cpu_fallback.cpp  ops without a lowering run on CPU, counted and under a policy;
+//                     calls a lowering declines get CPU's error, or count as fallbacks
 //   copy.cpp          allocation and copies between devices (one tpu_copy)
 //   overrides.cpp     PyTorch kernels replaced for tpu (functionalization, autograd, meta)
 #pragma once
@@ -42,6 +44,9 @@ auto translate_errors(F&& f) -> decltype(f()) {
     TORCH_CHECK(false, e.what());
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, e.what());
+  } catch (const std::out_of_range& e) {
+    // A lowering's index argument check (a dimension out of range, ...): CPU's IndexError.
+    TORCH_CHECK_INDEX(false, e.what());
   }
 }
 
@@ -60,9 +65,17 @@ void check_op_devices(const c10::OperatorHandle& op, const std::string& name, co
 void checked_autograd_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 bool needs_checked_autograd(const c10::OperatorHandle& op);  // mutable, two tensors or more
 
+// ---- early_refusals.cpp -----------------------------------------------------------------
+// The AutogradPrivateUse1 kernel of ops whose dtype refusals PyTorch makes before the tpu
+// kernel sees the call (composites such as max_pool1d, in-place random ops functionalization
+// checks on meta first): a refused dtype gets CPU's error, other calls PyTorch's kernel.
+void early_refusal_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+std::vector<const char*> early_refusal_ops();  // their names ("max_pool1d")
+
 // ---- record_op.cpp ----------------------------------------------------------------------
-// Records the op with its lowering; false when it cannot be lowered here (unsupported
-// dtype or argument, no meta kernel, data-dependent shape): the caller falls back.
+// Records the op with its lowering; false when it declines the call (a refused or unsupported
+// dtype or argument, arguments the meta kernel rejects, no meta kernel, a data-dependent
+// shape): the caller lets CPU's kernel decide (cpu_kernel_decides).
 bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack);
 // An argument as meta kernels take it (tensors become meta tensors of the same geometry).
 c10::IValue to_meta(const c10::IValue& v);
@@ -83,6 +96,14 @@ bool decompose_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // ---- cpu_fallback.cpp -------------------------------------------------------------------
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// A call torchtpu declines although the op has a lowering: a dtype PyTorch refuses, arguments
+// the meta kernel rejects, or what the lowering does not cover (complex values, a dtype tpu
+// lacks, no meta kernel, a data-dependent shape). CPU's kernel decides: when it raises, that
+// is the op's error, exactly as on CPU, and nothing fell back (no count, no warning, whatever
+// TORCHTPU_FALLBACK says); when it computes, the call was a fallback, counted and warned
+// after the fact (or its results dropped for the policy's error). Only for calls that are
+// functional or that CPU refuses, so that running first changes nothing the caller holds.
+void cpu_kernel_decides(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void set_fallback_policy(const std::string& policy);  // warn | error | silent
 void clear_fallback_warnings();  // each op warns once again (metrics.reset())
 

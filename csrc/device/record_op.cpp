@@ -1,12 +1,14 @@
 // Ops with a lowering: the op's arguments become a graph node (tensors its operands,
 // numbers lifted or static), PyTorch's meta kernel gives the output types (cached by the
 // node's signature), and the engine records it.
+#include <ATen/native/TypeProperties.h>
 #include <ATen/ops/_linalg_check_errors.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "device/generator.h"
@@ -251,14 +253,28 @@ bool linalg_dtype(const LoweringRule* rule, const at::Tensor& t) {
   return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
 }
 
-// Whether the rule refuses this dtype's class (LoweringRule::refuses): the CPU kernel then
-// raises PyTorch's error for it.
-bool refused(const LoweringRule* rule, DType dtype) {
-  if (!rule->refuses) return false;
-  if (dtype == DType::Bool) return rule->refuses & kRefuseBool;
-  if (is_floating(dtype)) return rule->refuses & kRefuseFloat;
-  if (is_complex(dtype)) return false;  // complex calls are decided by LoweringRule::complex
-  return rule->refuses & kRefuseInteger;
+// The dtypes the rule refuses for this call (LoweringRule::refuses, refuses_for): the CPU
+// kernel raises PyTorch's error for them.
+DTypeSet refused_dtypes(const LoweringRule* rule, const ParsedOp& p) {
+  return rule->refuses | (rule->refuses_for ? rule->refuses_for(p.args) : 0);
+}
+
+// The dtype a refusal judged on the arguments (Judged::Self, Judged::Promoted) looks at.
+std::optional<DType> judged_argument_dtype(const LoweringRule* rule, const c10::FunctionSchema& schema,
+                                           const std::vector<c10::IValue>& args) {
+  if (rule->judged_on == Judged::Self) {
+    for (const auto& v : args)
+      if (v.isTensor() && v.toTensor().defined()) return to_dtype(v.toTensor().scalar_type());
+    return std::nullopt;
+  }
+  at::native::ResultTypeState state;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor() && v.toTensor().defined()) state = at::native::update_result_type_state(v.toTensor(), state);
+    else if (v.isScalar() && is_number_type(schema.arguments()[i].type()))
+      state = at::native::update_result_type_state(v.toScalar(), state);
+  }
+  return to_dtype(at::native::result_type(state));
 }
 
 // An `_ex` op called with check_errors=True raises from its info output (its last), as
@@ -289,15 +305,13 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
     }
   }
   if (!rule->complex && touches_complex(args)) return false;
-  if (rule->refuses & kJudgeSelf) {
-    for (const auto& v : args)
-      if (v.isTensor() && v.toTensor().defined()) {
-        if (refused(rule, to_dtype(v.toTensor().scalar_type()))) return false;
-        break;  // the first tensor argument (self) decides
-      }
-  }
   ParsedOp p = parse_args(schema, args, rule);
   if (!p.supported) return false;
+  DTypeSet refusing = refused_dtypes(rule, p);
+  if (refusing && rule->judged_on != Judged::Result) {
+    std::optional<DType> judged = judged_argument_dtype(rule, schema, args);
+    if (judged && (refusing & dtype_set(*judged))) return false;
+  }
   uint64_t key = signature_hash(rule, p);
   // Entries are never erased and unordered_map nodes do not move: the cached signature is
   // read in place, without copying its vectors per op.
@@ -317,8 +331,7 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
       // the CPU kernel runs it, or raises the same error CPU users see.
       return false;
     }
-    if (rule->refuses && !(rule->refuses & kJudgeSelf) && !inferred.types.empty() &&
-        refused(rule, inferred.types[0].dtype))
+    if (rule->judged_on == Judged::Result && !inferred.types.empty() && (refusing & dtype_set(inferred.types[0].dtype)))
       return false;
     for (const TensorType& t : inferred.types) {
       if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;

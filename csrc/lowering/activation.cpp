@@ -118,15 +118,15 @@ void lower_rrelu_backward(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 
-LOWERING("aten::glu", lower_glu);
-LOWERING("aten::glu_backward", lower_glu_backward);
+LOWERING("aten::glu", lower_glu, nullptr, kFloatOnly);
+LOWERING("aten::glu_backward", lower_glu_backward, nullptr, kFloatOnly);
 LOWERING("aten::_prelu_kernel", lower_prelu);
 LOWERING("aten::_prelu_kernel_backward", lower_prelu_backward);
 LOWERING("aten::softshrink", lower_shrink, "soft");
 LOWERING("aten::hardshrink", lower_shrink, "hard", kFloatOnly);
 LOWERING("aten::softshrink_backward", lower_shrink_backward);
 LOWERING("aten::hardshrink_backward", lower_shrink_backward);
-LOWERING("aten::rrelu_with_noise_functional", lower_rrelu, nullptr, RuleFlags{.random = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
+LOWERING("aten::rrelu_with_noise_functional", lower_rrelu, nullptr, RuleFlags{.random = true, .refuses = kBoolDTypes | kIntegerDTypes});
 LOWERING("aten::rrelu_with_noise_backward", lower_rrelu_backward);
 
 }  // namespace

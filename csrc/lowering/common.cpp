@@ -77,7 +77,10 @@ V tensor_or_scalar(LoweringContext& ctx, const Node& node, int arg, DType dtype,
 
 int64_t wrap_dim(int64_t dim, int64_t rank) {
   int64_t r = rank == 0 ? 1 : rank;
-  if (dim < -r || dim >= r) throw std::out_of_range("torchtpu: dimension out of range");
+  // c10::maybe_wrap_dim's words; std::out_of_range reaches the user as IndexError, as on CPU.
+  if (dim < -r || dim >= r)
+    throw std::out_of_range("Dimension out of range (expected to be in range of [" + std::to_string(-r) + ", " +
+                            std::to_string(r - 1) + "], but got " + std::to_string(dim) + ")");
   return dim < 0 ? dim + r : dim;
 }
 
@@ -313,6 +316,10 @@ std::string format_number(double value) {
 
 void check_argument(bool condition, const std::string& message) {
   if (!condition) throw std::runtime_error(message);
+}
+
+void check_index_argument(bool condition, const std::string& message) {
+  if (!condition) throw std::out_of_range(message);
 }
 
 }  // namespace torchtpu

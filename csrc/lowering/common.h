@@ -127,4 +127,7 @@ const char* scalar_type_name(DType dtype);
 std::string format_number(double value);
 // Throws RuntimeError(message) unless `condition`.
 void check_argument(bool condition, const std::string& message);
+// Throws IndexError(message) unless `condition` (a std::out_of_range, which the device layer
+// raises as IndexError, like the dimension errors of wrap_dim).
+void check_index_argument(bool condition, const std::string& message);
 }  // namespace torchtpu

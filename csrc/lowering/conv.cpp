@@ -188,7 +188,16 @@ void lower_convolution_backward(LoweringContext& ctx, const Node& node) {
   ctx.set_results(results);
 }
 
-LOWERING("aten::convolution", lower_convolution, nullptr, kNoBool);
+// convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+// CPU's slow transposed and dilated convolutions take int64 but no other integer type
+// ("slow_conv_transpose2d_out_cpu" not implemented for 'Int'); its direct one takes them all.
+DTypeSet convolution_refuses(const std::vector<Arg>& args) {
+  bool dilated = false;
+  for (int64_t d : args[5].ints) dilated = dilated || d != 1;
+  return args[6].as_bool() || dilated ? kIntegerDTypes & ~dtype_set(DType::Int64) : 0;
+}
+
+LOWERING("aten::convolution", lower_convolution, nullptr, RuleFlags{.refuses = kBoolDTypes, .refuses_for = convolution_refuses});
 LOWERING("aten::convolution_backward", lower_convolution_backward, nullptr, kNoBool);
 
 }  // namespace

@@ -186,6 +186,10 @@ void lower_index_select(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
   V index = ctx.input(node, 2);
+  // CPU's checks of the index, which the meta kernel lacks.
+  check_index_argument(index.type.rank() <= 1, "index_select(): Index is supposed to be a vector");
+  check_argument(index.type.dtype == DType::Int64 || index.type.dtype == DType::Int32,
+                 "index_select(): Expected dtype int32 or int64 for index");
   IndexCheck range = range_check();
   if (x.type.rank() == 0) {
     checked_index(ctx, index, 1, DType::Int64, &range);

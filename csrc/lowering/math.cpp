@@ -650,7 +650,7 @@ FLOAT_UNARY(erfc);
 FLOAT_UNARY(erfinv);
 FLOAT_UNARY(lgamma);
 COMPLEX_FLOAT_UNARY(sigmoid);
-LOWERING("aten::silu", lower_float_unary, "silu", RuleFlags{.complex = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
+LOWERING("aten::silu", lower_float_unary, "silu", RuleFlags{.complex = true, .refuses = kBoolDTypes | kIntegerDTypes});
 LOWERING("aten::mish", lower_float_unary, "mish", kFloatOnly);
 LOWERING("aten::hardswish", lower_float_unary, "hardswish", kFloatOnly);
 LOWERING("aten::hardsigmoid", lower_float_unary, "hardsigmoid", kFloatOnly);
@@ -690,9 +690,12 @@ LOWERING("aten::trunc", lower_int_unary, "trunc", kNoBool);
 LOWERING("aten::round.decimals", lower_round_decimals, nullptr, kFloatOnly);
 LOWERING("aten::_efficientzerotensor", lower_zero_tensor);
 
-LOWERING("aten::pow.Tensor_Tensor", lower_pow, nullptr, kTakesComplex);
-LOWERING("aten::pow.Tensor_Scalar", lower_pow, nullptr, kTakesComplex);
-LOWERING("aten::pow.Scalar", lower_pow, nullptr, kTakesComplex);
+// pow computes in its arguments' promoted dtype, and CPU refuses bool there: pow of two bools
+// raises although its meta kernel gives int64 (bool ** 2 is an int64 pow and runs).
+constexpr RuleFlags kPow{.complex = true, .refuses = kBoolDTypes, .judged_on = Judged::Promoted};
+LOWERING("aten::pow.Tensor_Tensor", lower_pow, nullptr, kPow);
+LOWERING("aten::pow.Tensor_Scalar", lower_pow, nullptr, kPow);
+LOWERING("aten::pow.Scalar", lower_pow, nullptr, kPow);
 LOWERING("aten::atan2", lower_atan2);
 LOWERING("aten::logaddexp", lower_logaddexp, "e", kFloatOnly);
 LOWERING("aten::logaddexp2", lower_logaddexp, "2", kFloatOnly);

@@ -1,9 +1,10 @@
 // Pooling and upsampling over the last two dims.
 // avg_pool2d, _adaptive_avg_pool2d, upsample_nearest2d and upsample_bilinear2d are separable
 // linear maps: out = M_h . x . M_w^T with small matrices computed here from the shapes (host
-// constants), and their backward ops apply the transposed matrices. max_pool2d_with_indices
-// follows CPU's loop over the window's positions (a variadic reduce_window for large windows);
-// its backward scatter-adds by index.
+// constants), and their backward ops apply the transposed matrices (an int64 avg_pool2d sums
+// with 0/1 matrices and divides, truncating, as CPU does). max_pool2d_with_indices follows
+// CPU's loop over the window's positions (a variadic reduce_window for large windows); its
+// backward scatter-adds by index.
 // im2col / col2im (nn.Unfold / nn.Fold) are strided windows of the zero-padded image.
 #include <cmath>
 #include <cstdio>
@@ -35,7 +36,8 @@ V matrix_constant(LoweringContext& ctx, const Matrix& m, DType dtype) {
   for (int64_t i = 0; i < rows; ++i) {
     lit += i ? ", [" : "[";
     for (int64_t j = 0; j < cols; ++j) {
-      std::snprintf(buf, sizeof(buf), "%.17e", m[i][j]);
+      if (is_floating(dtype)) std::snprintf(buf, sizeof(buf), "%.17e", m[i][j]);
+      else std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(std::llround(m[i][j])));
       lit += (j ? ", " : "") + std::string(buf);
     }
     lit += "]";
@@ -71,53 +73,119 @@ int64_t at(const std::vector<int64_t>& v, size_t i, int64_t fill) {
 
 // -- avg_pool2d ----------------------------------------------------------------------------------
 
-// Averaging matrix of one axis (PyTorch's avg_pool2d window and divisor rules); the
-// divisor_override case divides by `divisor` instead.
-Matrix avg_matrix(int64_t in, int64_t out, int64_t k, int64_t s, int64_t pad, bool count_include_pad,
-                  int64_t divisor) {
-  Matrix m = zeros(out, in);
+// One axis of avg_pool2d (PyTorch's window and divisor rules): per output position, its window
+// [lo, hi) within the input and the divisor's factor on this axis (the window's size, padding
+// included or not; 1 with divisor_override, which divides once for both axes).
+struct AvgAxis {
+  std::vector<int64_t> lo, hi, factor;
+};
+
+AvgAxis avg_axis(int64_t in, int64_t out, int64_t k, int64_t s, int64_t pad, bool count_include_pad,
+                 bool divisor_override) {
+  AvgAxis axis;
   for (int64_t i = 0; i < out; ++i) {
     int64_t start = i * s - pad;
     int64_t end = std::min(start + k, in + pad);
-    int64_t pool = end - start;
     int64_t lo = std::max<int64_t>(start, 0), hi = std::min(end, in);
-    double d = divisor > 0 ? 1.0 : static_cast<double>(count_include_pad ? pool : hi - lo);
-    for (int64_t h = lo; h < hi; ++h) m[i][h] = 1.0 / d;
+    axis.lo.push_back(lo);
+    axis.hi.push_back(hi);
+    axis.factor.push_back(divisor_override ? 1 : count_include_pad ? end - start : hi - lo);
   }
+  return axis;
+}
+
+// Rows of the axis' windows: each input position in output i's window weighs 1 / factor, or 1
+// when summing (integer pools sum, then divide by the whole divisor as CPU does).
+Matrix window_matrix(const AvgAxis& axis, int64_t in, bool average) {
+  Matrix m = zeros(axis.lo.size(), in);
+  for (size_t i = 0; i < axis.lo.size(); ++i)
+    for (int64_t h = axis.lo[i]; h < axis.hi[i]; ++h)
+      m[i][h] = average ? 1.0 / static_cast<double>(axis.factor[i]) : 1.0;
   return m;
 }
 
-void avg_matrices(const Node& node, int kernel_arg, const std::vector<int64_t>& in_shape,
-                  const std::vector<int64_t>& out_shape, Matrix* mh, Matrix* mw) {
+struct AvgPool {
+  AvgAxis h, w;
+  int64_t divisor_override = 0;  // 0: none (PyTorch rejects a zero divisor; a negative one divides)
+};
+
+// avg_pool2d's (or its backward's) kernel_size, stride, padding, ceil_mode, count_include_pad
+// and divisor_override, from argument `kernel_arg` on, over input dims `in_shape` and pooled
+// dims `out_shape`.
+AvgPool avg_pool(const Node& node, int kernel_arg, const std::vector<int64_t>& in_shape,
+                 const std::vector<int64_t>& out_shape) {
   const auto& k = node.args[kernel_arg].ints;
   const auto& s = node.args[kernel_arg + 1].ints;
   const auto& p = node.args[kernel_arg + 2].ints;
   bool include = node.args[kernel_arg + 4].as_bool();
-  int64_t divisor = node.args[kernel_arg + 5].is_none() ? 0 : node.args[kernel_arg + 5].as_int();
+  AvgPool pool;
+  pool.divisor_override = node.args[kernel_arg + 5].is_none() ? 0 : node.args[kernel_arg + 5].as_int();
+  bool fixed = pool.divisor_override != 0;
   int64_t r = in_shape.size();
   int64_t kh = at(k, 0, 1), kw = at(k, 1, 1);
-  *mh = avg_matrix(in_shape[r - 2], out_shape[r - 2], kh, at(s, 0, kh), at(p, 0, 0), include, divisor);
-  *mw = avg_matrix(in_shape[r - 1], out_shape[r - 1], kw, at(s, 1, kw), at(p, 1, 0), include, divisor);
-  if (divisor > 0)
-    for (auto& row : *mh)
-      for (double& v : row) v /= static_cast<double>(divisor);
+  pool.h = avg_axis(in_shape[r - 2], out_shape[r - 2], kh, at(s, 0, kh), at(p, 0, 0), include, fixed);
+  pool.w = avg_axis(in_shape[r - 1], out_shape[r - 1], kw, at(s, 1, kw), at(p, 1, 0), include, fixed);
+  return pool;
 }
 
-// avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+// The float pool's averaging matrices (divisor_override folded into the rows).
+void avg_matrices(const AvgPool& pool, const std::vector<int64_t>& in_shape, Matrix* mh, Matrix* mw) {
+  int64_t r = in_shape.size();
+  *mh = window_matrix(pool.h, in_shape[r - 2], true);
+  *mw = window_matrix(pool.w, in_shape[r - 1], true);
+  if (pool.divisor_override != 0)
+    for (auto& row : *mh)
+      for (double& v : row) v /= static_cast<double>(pool.divisor_override);
+}
+
+// An integer pool's divisor per pooled position, broadcast over `shape` (1 for a window wholly
+// in the padding, whose sum is 0: CPU writes 0 there).
+V integer_divisors(LoweringContext& ctx, const AvgPool& pool, const TensorType& shape) {
+  Matrix d = zeros(pool.h.factor.size(), pool.w.factor.size());
+  for (size_t i = 0; i < pool.h.factor.size(); ++i)
+    for (size_t j = 0; j < pool.w.factor.size(); ++j) {
+      int64_t divisor = pool.divisor_override != 0 ? pool.divisor_override : pool.h.factor[i] * pool.w.factor[j];
+      d[i][j] = static_cast<double>(divisor == 0 ? 1 : divisor);
+    }
+  int64_t r = shape.rank();
+  return ctx.broadcast_in_dim(matrix_constant(ctx, d, shape.dtype), shape.shape, {r - 2, r - 1});
+}
+
+// avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override).
+// Integer pools (int64, the only integer type CPU takes) sum each window and divide the sum,
+// truncating, as CPU's kernel does.
 void lower_avg_pool2d(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
+  AvgPool pool = avg_pool(node, 1, x.type.shape, out.shape);
+  if (!is_floating(out.dtype)) {
+    int64_t r = x.type.rank();
+    V sums = separable(ctx, x, window_matrix(pool.h, x.type.shape[r - 2], false),
+                       window_matrix(pool.w, x.type.shape[r - 1], false), out);
+    ctx.set_result(ctx.binary("stablehlo.divide", sums, integer_divisors(ctx, pool, out)));
+    return;
+  }
   Matrix mh, mw;
-  avg_matrices(node, 1, x.type.shape, out.shape, &mh, &mw);
+  avg_matrices(pool, x.type.shape, &mh, &mw);
   ctx.set_result(separable(ctx, x, mh, mw, out));
 }
 
-// avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+// avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+// the transposed maps. Integer gradients are divided (truncating) before they are spread over
+// their windows, as CPU's kernel does.
 void lower_avg_pool2d_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V g = ctx.input(node, 0);
+  AvgPool pool = avg_pool(node, 2, out.shape, g.type.shape);
+  int64_t r = out.rank();
+  if (!is_floating(out.dtype)) {
+    V shares = ctx.binary("stablehlo.divide", g, integer_divisors(ctx, pool, g.type));
+    ctx.set_result(separable(ctx, shares, transposed(window_matrix(pool.h, out.shape[r - 2], false)),
+                             transposed(window_matrix(pool.w, out.shape[r - 1], false)), out));
+    return;
+  }
   Matrix mh, mw;
-  avg_matrices(node, 2, out.shape, g.type.shape, &mh, &mw);
+  avg_matrices(pool, out.shape, &mh, &mw);
   ctx.set_result(separable(ctx, g, transposed(mh), transposed(mw), out));
 }
 
@@ -629,8 +697,8 @@ void lower_col2im(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.reshape(cropped, out.shape));
 }
 
-LOWERING("aten::avg_pool2d", lower_avg_pool2d, nullptr, kNoBool);
-LOWERING("aten::avg_pool2d_backward", lower_avg_pool2d_backward);
+LOWERING("aten::avg_pool2d", lower_avg_pool2d, nullptr, kFloatOrInt64);
+LOWERING("aten::avg_pool2d_backward", lower_avg_pool2d_backward, nullptr, kFloatOrInt64);
 LOWERING("aten::_adaptive_avg_pool2d", lower_adaptive_avg_pool2d, nullptr, kFloatOnly);
 LOWERING("aten::_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool2d_backward);
 LOWERING("aten::upsample_nearest2d", lower_upsample_nearest2d);

@@ -208,19 +208,23 @@ void lower_native_dropout_backward(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.select(mask, scaled, ctx.constant(0, out.dtype, out.shape)));
 }
 
-LOWERING("aten::uniform", lower_uniform, nullptr, RuleFlags{.random = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
-LOWERING("aten::normal_functional", lower_normal, "functional", false, true);
-LOWERING("aten::normal.Tensor_float", lower_normal, "tensor", false, true);
-LOWERING("aten::normal.float_Tensor", lower_normal, "tensor", false, true);
-LOWERING("aten::normal.Tensor_Tensor", lower_normal, "tensor", false, true);
-LOWERING("aten::normal.float_float", lower_normal, "tensor", false, true);
-LOWERING("aten::bernoulli", lower_bernoulli, nullptr, RuleFlags{.random = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
+// Draws CPU and CUDA make in floating types only ("normal_kernel_cpu" not implemented for 'Long').
+constexpr RuleFlags kFloatDraws{.random = true, .refuses = kBoolDTypes | kIntegerDTypes};
+// normal(mean, std) draws in its first tensor's dtype, where the meta kernel promotes to float.
+constexpr RuleFlags kSelfFloatDraws{.random = true, .refuses = kBoolDTypes | kIntegerDTypes, .judged_on = Judged::Self};
+LOWERING("aten::uniform", lower_uniform, nullptr, kFloatDraws);
+LOWERING("aten::normal_functional", lower_normal, "functional", kFloatDraws);
+LOWERING("aten::normal.Tensor_float", lower_normal, "tensor", kSelfFloatDraws);
+LOWERING("aten::normal.float_Tensor", lower_normal, "tensor", kSelfFloatDraws);
+LOWERING("aten::normal.Tensor_Tensor", lower_normal, "tensor", kSelfFloatDraws);
+LOWERING("aten::normal.float_float", lower_normal, "tensor", kFloatDraws);
+LOWERING("aten::bernoulli", lower_bernoulli, nullptr, kFloatDraws);
 LOWERING("aten::bernoulli.p", lower_bernoulli, "p", false, true);
-LOWERING("aten::bernoulli.Tensor", lower_bernoulli, nullptr, RuleFlags{.random = true, .refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)});
+LOWERING("aten::bernoulli.Tensor", lower_bernoulli, nullptr, kFloatDraws);
 LOWERING("aten::random.from", lower_random, "from", false, true);
 LOWERING("aten::random.to", lower_random, "to", false, true);
 LOWERING("aten::random", lower_random, "all", false, true);
-LOWERING("aten::exponential", lower_exponential, nullptr, false, true);
+LOWERING("aten::exponential", lower_exponential, nullptr, kFloatDraws);
 LOWERING("aten::native_dropout", lower_native_dropout, nullptr, false, true);
 LOWERING("aten::native_dropout_backward", lower_native_dropout_backward);
 

@@ -43,6 +43,8 @@ RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data,
   rule.complex = flags.complex;
   rule.collective = flags.collective;
   rule.refuses = flags.refuses;
+  rule.judged_on = flags.judged_on;
+  rule.refuses_for = flags.refuses_for;
   add_rule(rule);
 }
 

@@ -12,6 +12,25 @@ namespace torchtpu {
 
 using LowerFn = void (*)(LoweringContext& ctx, const Node& node);
 
+// A set of dtypes, one bit per DType code (the dtypes a rule refuses).
+using DTypeSet = uint32_t;
+constexpr DTypeSet dtype_set(DType dtype) { return DTypeSet{1} << static_cast<int>(dtype); }
+inline constexpr DTypeSet kBoolDTypes = dtype_set(DType::Bool);
+inline constexpr DTypeSet kIntegerDTypes = dtype_set(DType::UInt8) | dtype_set(DType::Int8) | dtype_set(DType::Int16) |
+                                           dtype_set(DType::Int32) | dtype_set(DType::Int64);
+inline constexpr DTypeSet kFloatDTypes = dtype_set(DType::Float16) | dtype_set(DType::BFloat16) |
+                                         dtype_set(DType::Float32) | dtype_set(DType::Float64);
+
+// The dtype a rule's refusal is judged on.
+enum class Judged : uint8_t {
+  Result,    // its first result's: clamp(bool, min=0) is an int64 clamp and runs; clamp(bool, min=False) is refused
+  Self,      // its first tensor argument's: argmax of bools gives int64 yet is refused
+  Promoted,  // its tensor and Scalar arguments' promoted dtype (PyTorch's result_type), which CPU
+             // computes in: pow of two bools is refused although its meta kernel gives int64
+};
+
+using RefusalFn = DTypeSet (*)(const std::vector<Arg>& args);
+
 struct LoweringRule {
   OpKind kind;
   LowerFn lower = nullptr;
@@ -24,37 +43,40 @@ struct LoweringRule {
   // A collective across processes: its last arg lists the global device ids of its replicas
   // (lowering/collective.cpp); a graph holding one is compiled for those replicas.
   bool collective = false;
-  // Dtype classes (kRefuseBool | kRefuseInteger | kRefuseFloat) that PyTorch's CPU and CUDA
-  // kernels refuse to compute this op in, judged on its first result's dtype (clamp(bool, min=0)
-  // is an int64 clamp and runs; clamp(bool, min=False) is refused), or on its first tensor
-  // argument's with kJudgeSelf (argmax of bools gives int64 yet is refused). Such calls run through the CPU
-  // fallback, whose kernel raises PyTorch's NotImplementedError ("\"addmm_impl_cpu_\" not
-  // implemented for 'Bool'") instead of the lowering computing something PyTorch refuses, or
-  // XLA failing (XLA:CPU aborts on bool dots).
-  uint8_t refuses = 0;
+  // Dtypes PyTorch's CPU and CUDA kernels refuse to compute this op in (RuleFlags presets below),
+  // judged on the dtype `judged_on` names. Such calls run through the CPU kernel, which raises
+  // PyTorch's NotImplementedError ("\"addmm_impl_cpu_\" not implemented for 'Bool'") instead of
+  // the lowering computing something PyTorch refuses, or XLA failing (XLA:CPU aborts on bool dots).
+  DTypeSet refuses = 0;
+  Judged judged_on = Judged::Result;
+  // Dtypes refused besides those for a call with these arguments (node.args): CPU's transposed
+  // and dilated convolutions refuse int32 where its direct one computes it.
+  RefusalFn refuses_for = nullptr;
 };
 
-enum : uint8_t { kRefuseBool = 1, kRefuseInteger = 2, kRefuseFloat = 4, kJudgeSelf = 8 };
-
-// A rule's properties, declared at registration:
+// The rule's properties, declared at registration:
 // LOWERING("aten::norm.Scalar", lower_vector_norm, "all", RuleFlags{.static_scalars = true, .complex = true});
 struct RuleFlags {
   bool static_scalars = false;
   bool random = false;
   bool complex = false;
   bool collective = false;
-  uint8_t refuses = 0;
+  DTypeSet refuses = 0;
+  Judged judged_on = Judged::Result;
+  RefusalFn refuses_for = nullptr;
 };
 // Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, "exp", kTakesComplex);
 inline constexpr RuleFlags kTakesComplex{.complex = true};
-// Rules of ops PyTorch defines for some dtype classes only (see LoweringRule::refuses).
-inline constexpr RuleFlags kNoBool{.refuses = kRefuseBool};                            // matmul, conv, abs
-inline constexpr RuleFlags kComplexNoBool{.complex = true, .refuses = kRefuseBool};
-inline constexpr RuleFlags kFloatOnly{.refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger)};       // softmax, gelu
-inline constexpr RuleFlags kIntegerOnly{.refuses = static_cast<uint8_t>(kRefuseFloat | kRefuseBool)};       // gcd, lcm
-inline constexpr RuleFlags kIntegerOrBool{.refuses = kRefuseFloat};                   // bitwise ops
-inline constexpr RuleFlags kSelfNotBool{.refuses = static_cast<uint8_t>(kRefuseBool | kJudgeSelf)};  // argmax
-inline constexpr RuleFlags kSelfFloatOnly{.refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger | kJudgeSelf)};
+// Rules of ops PyTorch defines for some dtypes only (see LoweringRule::refuses).
+inline constexpr RuleFlags kNoBool{.refuses = kBoolDTypes};                                   // matmul, conv, abs
+inline constexpr RuleFlags kComplexNoBool{.complex = true, .refuses = kBoolDTypes};
+inline constexpr RuleFlags kFloatOnly{.refuses = kBoolDTypes | kIntegerDTypes};               // softmax, gelu
+inline constexpr RuleFlags kIntegerOnly{.refuses = kFloatDTypes | kBoolDTypes};               // gcd, lcm
+inline constexpr RuleFlags kIntegerOrBool{.refuses = kFloatDTypes};                           // bitwise ops
+// avg_pool2d: CPU's kernel takes int64 (and floats) but no other integer type.
+inline constexpr RuleFlags kFloatOrInt64{.refuses = kBoolDTypes | (kIntegerDTypes & ~dtype_set(DType::Int64))};
+inline constexpr RuleFlags kSelfNotBool{.refuses = kBoolDTypes, .judged_on = Judged::Self};  // argmax
+inline constexpr RuleFlags kSelfFloatOnly{.refuses = kBoolDTypes | kIntegerDTypes, .judged_on = Judged::Self};
 
 const LoweringRule* find_lowering(const std::string& op);
 const LoweringRule* find_lowering(OpKind kind);
