@@ -296,6 +296,13 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
         break;  // the first tensor argument (self) decides
       }
   }
+  if (rule->refuses & kRefuseEmpty) {
+    for (const auto& v : args)
+      if (v.isTensor() && v.toTensor().defined()) {
+        if (v.toTensor().numel() == 0) return false;
+        break;  // self decides
+      }
+  }
   ParsedOp p = parse_args(schema, args, rule);
   if (!p.supported) return false;
   uint64_t key = signature_hash(rule, p);

@@ -246,8 +246,8 @@ void lower_histc(LoweringContext& ctx, const Node& node) {
 }
 
 LOWERING("aten::kthvalue", lower_kthvalue, nullptr, kNoBool);
-LOWERING("aten::median.dim", lower_median_dim, "median", kNoBool);
-LOWERING("aten::nanmedian.dim", lower_median_dim, "nan", kNoBool);
+LOWERING("aten::median.dim", lower_median_dim, "median", kNoBoolNotEmpty);
+LOWERING("aten::nanmedian.dim", lower_median_dim, "nan", kNoBoolNotEmpty);
 LOWERING("aten::median", lower_median_all, "median", kNoBool);
 LOWERING("aten::nanmedian", lower_median_all, "nan", kNoBool);
 LOWERING("aten::mode", lower_mode);

@@ -31,10 +31,14 @@ struct LoweringRule {
   // fallback, whose kernel raises PyTorch's NotImplementedError ("\"addmm_impl_cpu_\" not
   // implemented for 'Bool'") instead of the lowering computing something PyTorch refuses, or
   // XLA failing (XLA:CPU aborts on bool dots).
+  // kRefuseEmpty: a call whose first tensor argument has no elements runs through the CPU
+  // fallback too, for ops whose CPU kernel raises on empty reductions the meta kernel passes
+  // (max(), max(dim) or median(dim) along an empty dim: "Expected reduction dim 0 to have
+  // non-zero size"); an empty result that CPU accepts costs nothing there.
   uint8_t refuses = 0;
 };
 
-enum : uint8_t { kRefuseBool = 1, kRefuseInteger = 2, kRefuseFloat = 4, kJudgeSelf = 8 };
+enum : uint8_t { kRefuseBool = 1, kRefuseInteger = 2, kRefuseFloat = 4, kJudgeSelf = 8, kRefuseEmpty = 16 };
 
 // A rule's properties, declared at registration:
 // LOWERING("aten::norm.Scalar", lower_vector_norm, "all", RuleFlags{.static_scalars = true, .complex = true});
@@ -54,6 +58,8 @@ inline constexpr RuleFlags kFloatOnly{.refuses = static_cast<uint8_t>(kRefuseBoo
 inline constexpr RuleFlags kIntegerOnly{.refuses = static_cast<uint8_t>(kRefuseFloat | kRefuseBool)};       // gcd, lcm
 inline constexpr RuleFlags kIntegerOrBool{.refuses = kRefuseFloat};                   // bitwise ops
 inline constexpr RuleFlags kSelfNotBool{.refuses = static_cast<uint8_t>(kRefuseBool | kJudgeSelf)};  // argmax
+inline constexpr RuleFlags kNotEmpty{.refuses = kRefuseEmpty};                       // max, min
+inline constexpr RuleFlags kNoBoolNotEmpty{.refuses = static_cast<uint8_t>(kRefuseBool | kRefuseEmpty)};  // median.dim
 inline constexpr RuleFlags kSelfFloatOnly{.refuses = static_cast<uint8_t>(kRefuseBool | kRefuseInteger | kJudgeSelf)};
 
 const LoweringRule* find_lowering(const std::string& op);

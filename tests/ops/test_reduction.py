@@ -1,4 +1,6 @@
 """Reductions on tpu vs CPU: forward, gradients, dtypes, keepdim, edge cases."""
+import re
+
 import pytest
 import torch
 
@@ -101,3 +103,18 @@ def test_amax_amin_backward_nan_and_ties(mode):
                lambda t: t[2:].amax(), lambda t: t.amax((0, 1))):
         check(fn, x, grad=True)
 
+
+def test_empty_reductions_raise_as_on_cpu(mode):
+    # The meta kernels of max/min and median/nanmedian(dim) accept a reduction over no
+    # elements; CPU's kernels raise, and so does tpu (the call runs on CPU). Empty results
+    # that CPU computes (a reduced dim of size 3 in a (3, 0) tensor) still come back.
+    e = torch.empty(3, 0)
+    calls = [torch.max, torch.min, lambda t: t.max(1), lambda t: t.min(-1, keepdim=True),
+             lambda t: t.median(1), lambda t: t.nanmedian(1), lambda t: t[0].max(0)]
+    for fn in calls:
+        with pytest.raises((RuntimeError, IndexError)) as cpu_error:
+            fn(e)
+        with pytest.raises(cpu_error.type, match=re.escape(str(cpu_error.value))):
+            fn(e.to("tpu"))
+    for fn in (lambda t: t.max(0), lambda t: t.min(0, keepdim=True), lambda t: t.median(0), lambda t: t.nanmedian(0)):
+        check(fn, e, no_fallback=False)
