@@ -51,6 +51,22 @@ def test_searchsorted_bucketize(mode):
     check(lambda b, v: torch.searchsorted(b, v), torch.tensor([1, 3, 5, 7]), torch.tensor([0, 3, 6, 9]))
 
 
+def test_searchsorted_nan_and_ties_follow_cpus_binary_search(mode):
+    # NaN fails every comparison, so CPU's binary search is not a count of smaller boundaries:
+    # with a NaN boundary (sorted last) 1.0 lands at 2 of [-1, 0, 2, nan], not 3.
+    nan, inf = float("nan"), float("inf")
+    boundaries = torch.tensor([-1.0, 0.0, 0.0, 2.0, nan])
+    values = torch.tensor([[nan, 1.0, inf, -inf, 0.0], [2.0, 3.0, -1.0, nan, -0.0]])
+    unsorted = torch.tensor([2.0, nan, -1.0, 0.0, 3.0])
+    rows = torch.tensor([[0.0, 1.0, 1.0, nan, nan], [nan, nan, nan, nan, nan]])
+    for right in (False, True):
+        check(lambda b, v: (torch.searchsorted(b, v, right=right), torch.bucketize(v, b, right=right),
+                            torch.searchsorted(b, nan, right=right), torch.searchsorted(b[:4], v, right=right)),
+              boundaries, values)
+        check(lambda b, v: torch.searchsorted(b, v, right=right, sorter=torch.argsort(b, stable=True)), unsorted, values)
+        check(lambda b, v: torch.searchsorted(b, v, side="right" if right else "left"), rows, values)
+
+
 def test_histc(mode):
     x = torch.tensor([0.0, 0.1, 0.5, 0.99, 1.0, 1.5, -0.5, float("nan"), 0.25])
     check(lambda x: (torch.histc(x, 4, 0, 1), torch.histc(x[:7], 5), torch.histc(x, 3, -1, 2),
