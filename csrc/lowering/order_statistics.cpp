@@ -220,7 +220,7 @@ void lower_searchsorted(LoweringContext& ctx, const Node& node) {
 }
 
 // histc(self, bins, min, max): counts in `bins` equal bins over [min, max] (the data's range
-// when min == max; widened by 1 each way if that is empty too). Values outside, and NaN, are
+// when min == max; widened by 1 each way if that is empty too; an error if not finite). Values outside, and NaN, are
 // not counted; max falls in the last bin. The bin is CPU's: (x - min) * bins / (max - min),
 // truncated, in the input's type.
 void lower_histc(LoweringContext& ctx, const Node& node) {
@@ -241,6 +241,12 @@ void lower_histc(LoweringContext& ctx, const Node& node) {
   V empty = e.cmp("EQ", lo, hi);
   lo = e.sel(empty, e.sub(lo, e.k(1.0)), lo);
   hi = e.sel(empty, e.add(hi, e.k(1.0)), hi);
+  // CPU raises for a range taken from data holding inf or NaN; it prints the two edges, which
+  // a check (an integer report) cannot.
+  TensorType flag{{}, DType::Bool};
+  V finite = e.band(ctx.emit("stablehlo.is_finite", {lo}, flag), ctx.emit("stablehlo.is_finite", {hi}, flag));
+  ctx.check(e.bnot(finite), V{},
+            RuntimeCheck{RuntimeCheck::Error::Runtime, "torch.histc: range of [min, max] is not finite (inf or NaN)"});
   Ex v = make_ex(ctx, dt, {n});
   V lo_n = ctx.broadcast_to(lo, {n}), hi_n = ctx.broadcast_to(hi, {n});
   V scaled = v.div(v.mul(v.sub(x, lo_n), v.k(static_cast<double>(bins))), v.sub(hi_n, lo_n));

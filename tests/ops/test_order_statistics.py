@@ -1,5 +1,6 @@
 """kthvalue, median, nanmedian, mode, searchsorted, bucketize and histc against CPU, with
 NaN, ties, integer inputs and gradients."""
+import pytest
 import torch
 
 from utils import check
@@ -72,3 +73,13 @@ def test_histc(mode):
     check(lambda x: (torch.histc(x, 4, 0, 1), torch.histc(x[:7], 5), torch.histc(x, 3, -1, 2),
                      torch.histc(torch.ones(3, device=x.device), 4), torch.histc(x[:0], 3, 0, 1)), x)
     check(lambda x: torch.histc(x, 10), torch.randn(100))
+
+
+def test_histc_range_from_data_must_be_finite(mode):
+    # min == max takes the range from the data: CPU raises when that holds inf or NaN.
+    for data in ([1.0, float("inf")], [float("-inf"), 0.0, 2.0], [0.5, float("nan")], [float("nan")]):
+        with pytest.raises(RuntimeError, match="torch.histc: range of"):
+            torch.histc(torch.tensor(data), 4)
+        with pytest.raises(RuntimeError, match=r"torch.histc: range of \[min, max\] is not finite"):
+            torch.histc(torch.tensor(data, device="tpu"), 4).cpu()
+    check(lambda x: torch.histc(x, 4, -1, 1), torch.tensor([float("inf"), float("nan"), 0.5, -1.0]))
