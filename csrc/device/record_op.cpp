@@ -305,6 +305,13 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
     }
   }
   if (!rule->complex && touches_complex(args)) return false;
+  if (rule->refuses_empty) {
+    for (const auto& v : args)
+      if (v.isTensor() && v.toTensor().defined()) {
+        if (v.toTensor().numel() == 0) return false;
+        break;  // self decides
+      }
+  }
   ParsedOp p = parse_args(schema, args, rule);
   if (!p.supported) return false;
   DTypeSet refusing = refused_dtypes(rule, p);

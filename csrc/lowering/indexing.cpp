@@ -464,9 +464,12 @@ void lower_topk(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   int64_t k = node.args[1].i;
   bool largest = node.args[3].as_bool();
-  if (x.type.rank() == 0 || out.numel() == 0) {
-    ctx.set_results({ctx.reshape(x, out.shape), ctx.constant(0, DType::Int64, out.shape)});
-    if (out.numel() == 0) ctx.set_results({ctx.constant(0, out.dtype, out.shape), ctx.constant(0, DType::Int64, out.shape)});
+  if (out.numel() == 0) {  // k = 0, or an empty slice count
+    ctx.set_results({ctx.constant(0, out.dtype, out.shape), ctx.constant(0, DType::Int64, out.shape)});
+    return;
+  }
+  if (x.type.rank() == 0) {
+    ctx.set_results({x, ctx.constant(0, DType::Int64, out.shape)});
     return;
   }
   int64_t dim = wrap_dim(node.args[2].i, x.type.rank());

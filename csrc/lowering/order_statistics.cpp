@@ -1,6 +1,6 @@
 // Order statistics and binning: kthvalue, median, nanmedian, mode (a stable sort along dim,
-// NaN last, then a pick per slice), searchsorted and bucketize (counts of smaller
-// boundaries), histc (bin counts).
+// NaN last, then a pick per slice), searchsorted and bucketize (CPU's binary search),
+// histc (bin counts).
 // Among equal values CPU's index is whatever its quickselect or unstable sort leaves; here it
 // is the first (kthvalue, median) or the last (mode, as CPU's small sorts give) occurrence.
 #include <cmath>
@@ -167,9 +167,35 @@ void lower_mode(LoweringContext& ctx, const Node& node) {
   set_picked(ctx, node, s, pos);
 }
 
+// The binary search of CPU's searchsorted for each value in its row of boundaries [..., M]
+// (1-D: one row for all): left moves right while !(b[mid] >= v), right while !(b[mid] > v).
+// The same steps as CPU's loop, so unsorted rows and NaN (which fails every comparison) give
+// its answers, not a count of smaller boundaries.
+V binary_search(LoweringContext& ctx, const V& boundaries, const V& values, bool right) {
+  const auto& shape = values.type.shape;
+  int64_t m = boundaries.type.shape.back();
+  auto k = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, shape); };
+  if (m == 0) return k(0);
+  V row = k(0);
+  if (boundaries.type.rank() > 1) {
+    std::vector<int64_t> coefs = contiguous_strides(boundaries.type.shape);
+    coefs.back() = 0;
+    row = affine_index(ctx, shape, coefs, 0, DType::Int64);
+  }
+  V start = k(0), end = k(m);
+  for (int64_t size = m; size > 0; size >>= 1) {
+    V active = ctx.compare("LT", start, end);
+    V mid = ctx.binary("stablehlo.add", start, ctx.binary("stablehlo.divide", ctx.binary("stablehlo.subtract", end, start), k(2)));
+    V at = ctx.binary("stablehlo.add", row, ctx.binary("stablehlo.minimum", mid, k(m - 1)));
+    V go_right = ctx.unary("stablehlo.not", ctx.compare(right ? "GT" : "GE", gather_linear(ctx, boundaries, at), values));
+    start = ctx.select(ctx.binary("stablehlo.and", active, go_right), ctx.binary("stablehlo.add", mid, k(1)), start);
+    end = ctx.select(ctx.binary("stablehlo.and", active, ctx.unary("stablehlo.not", go_right)), mid, end);
+  }
+  return start;
+}
+
 // searchsorted(sorted_sequence, self, out_int32, right, side, sorter) and
-// bucketize(self, boundaries, out_int32, right): how many boundaries come before each value,
-// counted as CPU's binary search decides (left: !(b >= v), right: !(b > v)).
+// bucketize(self, boundaries, out_int32, right): CPU's binary search (above).
 void lower_searchsorted(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   bool bucketize = std::string(rule_data(node)) == "bucketize";
@@ -189,31 +215,12 @@ void lower_searchsorted(LoweringContext& ctx, const Node& node) {
   DType dt = boundaries.type.dtype;
   V values = ctx.has_input(node, value_arg) ? ctx.input(node, value_arg) : ctx.scalar(node, value_arg, dt);
   DType common = promote_types(values.type.dtype, dt);
-  values = ctx.convert(values, common);
-  boundaries = ctx.convert(boundaries, common);
-  int64_t m = boundaries.type.shape.back();
-  // [..., N, M]: each value against each boundary of its row.
-  std::vector<int64_t> grid = values.type.shape;
-  grid.push_back(m);
-  std::vector<int64_t> value_dims, boundary_dims;
-  for (int64_t d = 0; d < values.type.rank(); ++d) value_dims.push_back(d);
-  V v = ctx.broadcast_in_dim(values, grid, value_dims);
-  V b;
-  if (boundaries.type.rank() == 1) {
-    b = ctx.broadcast_in_dim(boundaries, grid, {static_cast<int64_t>(grid.size()) - 1});
-  } else {
-    for (int64_t d = 0; d + 1 < boundaries.type.rank(); ++d) boundary_dims.push_back(d);
-    boundary_dims.push_back(static_cast<int64_t>(grid.size()) - 1);
-    b = ctx.broadcast_in_dim(boundaries, grid, boundary_dims);
-  }
-  V before = ctx.unary("stablehlo.not", ctx.compare(right ? "GT" : "GE", b, v));
-  V counts = m == 0 ? ctx.constant_int(0, DType::Int64, values.type.shape)
-                    : count_along(ctx, before, static_cast<int64_t>(grid.size()) - 1);
+  V counts = binary_search(ctx, ctx.convert(boundaries, common), ctx.convert(values, common), right);
   ctx.set_result(ctx.reshape(ctx.convert(counts, out.dtype), out.shape));
 }
 
 // histc(self, bins, min, max): counts in `bins` equal bins over [min, max] (the data's range
-// when min == max; widened by 1 each way if that is empty too). Values outside, and NaN, are
+// when min == max; widened by 1 each way if that is empty too; an error if not finite). Values outside, and NaN, are
 // not counted; max falls in the last bin. The bin is CPU's: (x - min) * bins / (max - min),
 // truncated, in the input's type.
 void lower_histc(LoweringContext& ctx, const Node& node) {
@@ -234,6 +241,12 @@ void lower_histc(LoweringContext& ctx, const Node& node) {
   V empty = e.cmp("EQ", lo, hi);
   lo = e.sel(empty, e.sub(lo, e.k(1.0)), lo);
   hi = e.sel(empty, e.add(hi, e.k(1.0)), hi);
+  // CPU raises for a range taken from data holding inf or NaN; it prints the two edges, which
+  // a check (an integer report) cannot.
+  TensorType flag{{}, DType::Bool};
+  V finite = e.band(ctx.emit("stablehlo.is_finite", {lo}, flag), ctx.emit("stablehlo.is_finite", {hi}, flag));
+  ctx.check(e.bnot(finite), V{},
+            RuntimeCheck{RuntimeCheck::Error::Runtime, "torch.histc: range of [min, max] is not finite (inf or NaN)"});
   Ex v = make_ex(ctx, dt, {n});
   V lo_n = ctx.broadcast_to(lo, {n}), hi_n = ctx.broadcast_to(hi, {n});
   V scaled = v.div(v.mul(v.sub(x, lo_n), v.k(static_cast<double>(bins))), v.sub(hi_n, lo_n));
@@ -246,8 +259,8 @@ void lower_histc(LoweringContext& ctx, const Node& node) {
 }
 
 LOWERING("aten::kthvalue", lower_kthvalue, nullptr, kNoBool);
-LOWERING("aten::median.dim", lower_median_dim, "median", kNoBool);
-LOWERING("aten::nanmedian.dim", lower_median_dim, "nan", kNoBool);
+LOWERING("aten::median.dim", lower_median_dim, "median", kNoBoolNotEmpty);
+LOWERING("aten::nanmedian.dim", lower_median_dim, "nan", kNoBoolNotEmpty);
 LOWERING("aten::median", lower_median_all, "median", kNoBool);
 LOWERING("aten::nanmedian", lower_median_all, "nan", kNoBool);
 LOWERING("aten::mode", lower_mode);

@@ -45,6 +45,7 @@ RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data,
   rule.refuses = flags.refuses;
   rule.judged_on = flags.judged_on;
   rule.refuses_for = flags.refuses_for;
+  rule.refuses_empty = flags.refuses_empty;
   add_rule(rule);
 }
 

@@ -52,6 +52,10 @@ struct LoweringRule {
   // Dtypes refused besides those for a call with these arguments (node.args): CPU's transposed
   // and dilated convolutions refuse int32 where its direct one computes it.
   RefusalFn refuses_for = nullptr;
+  // A call whose first tensor argument has no elements runs through the CPU kernel too: ops
+  // whose CPU kernel raises on an empty reduction the meta kernel passes (max(), max(dim) or
+  // median(dim) along an empty dim: "Expected reduction dim 0 to have non-zero size").
+  bool refuses_empty = false;
 };
 
 // The rule's properties, declared at registration:
@@ -64,6 +68,7 @@ struct RuleFlags {
   DTypeSet refuses = 0;
   Judged judged_on = Judged::Result;
   RefusalFn refuses_for = nullptr;
+  bool refuses_empty = false;
 };
 // Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, "exp", kTakesComplex);
 inline constexpr RuleFlags kTakesComplex{.complex = true};
@@ -77,6 +82,8 @@ inline constexpr RuleFlags kIntegerOrBool{.refuses = kFloatDTypes};             
 inline constexpr RuleFlags kFloatOrInt64{.refuses = kBoolDTypes | (kIntegerDTypes & ~dtype_set(DType::Int64))};
 inline constexpr RuleFlags kSelfNotBool{.refuses = kBoolDTypes, .judged_on = Judged::Self};  // argmax
 inline constexpr RuleFlags kSelfFloatOnly{.refuses = kBoolDTypes | kIntegerDTypes, .judged_on = Judged::Self};
+inline constexpr RuleFlags kNotEmpty{.refuses_empty = true};                                 // max, min
+inline constexpr RuleFlags kNoBoolNotEmpty{.refuses = kBoolDTypes, .refuses_empty = true};    // median.dim
 
 const LoweringRule* find_lowering(const std::string& op);
 const LoweringRule* find_lowering(OpKind kind);

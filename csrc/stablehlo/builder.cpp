@@ -230,6 +230,12 @@ V LoweringContext::convert(const V& x, DType dtype) {
     V zero = constant(0, x.type.dtype, x.type.shape);
     return compare("NE", x, zero);
   }
+  if (x.type.dtype == DType::Bool && is_floating(dtype)) {
+    // XLA's simplifier rewrites multiply(a, convert(pred)) as select(pred, a, 0), which loses
+    // a's NaN, inf and sign where pred is false (PyTorch: inf * False = nan, -1 * False = -0,
+    // as in amax's backward, grad / count * mask). It leaves a select of constants alone.
+    return select(x, constant(1, dtype, x.type.shape), constant(0, dtype, x.type.shape));
+  }
   if (is_complex(x.type.dtype) && !is_complex(dtype)) return convert(real_part(x), dtype);  // PyTorch keeps the real part
   if (is_complex(dtype) && !is_complex(x.type.dtype)) {
     // Through the part type, so integer and half inputs round as PyTorch's casts do.

@@ -232,6 +232,14 @@ def test_binary_special_values(mode):
         check(fn, a, b)
 
 
+def test_mul_by_bool_keeps_nan_inf_and_sign(mode):
+    # x * mask is x * 1.0 or x * 0.0: inf * False is NaN, NaN stays NaN (XLA's simplifier would
+    # make it a select giving 0). amax's backward, grad / count * mask, relies on it.
+    x = torch.tensor([float("inf"), float("-inf"), float("nan"), -1.0, 2.0, float("inf")])
+    mask = torch.tensor([False, False, False, False, True, True])
+    check(lambda x, m: (x * m, m * x, x * m.to(torch.float64), torch.mul(x, m[0])), x, mask)
+
+
 def test_int_pow(mode):
     base = torch.tensor([-3, -2, -1, 0, 1, 2, 3, 4])
     exp = torch.tensor([3, 2, -3, 2, -5, 5, -1, 0])

@@ -104,6 +104,7 @@ CASES = {
                       torch.tensor([3.0, float("nan"), 1.0, 3.0, 1.0, float("nan"), -2.0], requires_grad=True)),
     "sort_int_bool": (group(lambda x: x.sort(stable=True), lambda x: (x > 0).sort(stable=True),
                             lambda x: x[:5].topk(3, largest=False)), torch.tensor([3, -1, 2, 4, 0, 2, -1])),
+    "topk_k0": (group(lambda x: x.topk(0), lambda x: x.topk(0, dim=0, largest=False), lambda x: x[0, 0].topk(0)), X),
     "one_hot": (group(lambda i: F.one_hot(i, 6), lambda i: F.one_hot(i[:0], 3)), torch.tensor([[0, 5], [2, 1]])),
 }
 

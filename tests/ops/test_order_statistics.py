@@ -1,5 +1,6 @@
 """kthvalue, median, nanmedian, mode, searchsorted, bucketize and histc against CPU, with
 NaN, ties, integer inputs and gradients."""
+import pytest
 import torch
 
 from utils import check
@@ -51,8 +52,34 @@ def test_searchsorted_bucketize(mode):
     check(lambda b, v: torch.searchsorted(b, v), torch.tensor([1, 3, 5, 7]), torch.tensor([0, 3, 6, 9]))
 
 
+def test_searchsorted_nan_and_ties_follow_cpus_binary_search(mode):
+    # NaN fails every comparison, so CPU's binary search is not a count of smaller boundaries:
+    # with a NaN boundary (sorted last) 1.0 lands at 2 of [-1, 0, 2, nan], not 3.
+    nan, inf = float("nan"), float("inf")
+    boundaries = torch.tensor([-1.0, 0.0, 0.0, 2.0, nan])
+    values = torch.tensor([[nan, 1.0, inf, -inf, 0.0], [2.0, 3.0, -1.0, nan, -0.0]])
+    unsorted = torch.tensor([2.0, nan, -1.0, 0.0, 3.0])
+    rows = torch.tensor([[0.0, 1.0, 1.0, nan, nan], [nan, nan, nan, nan, nan]])
+    for right in (False, True):
+        check(lambda b, v: (torch.searchsorted(b, v, right=right), torch.bucketize(v, b, right=right),
+                            torch.searchsorted(b, nan, right=right), torch.searchsorted(b[:4], v, right=right)),
+              boundaries, values)
+        check(lambda b, v: torch.searchsorted(b, v, right=right, sorter=torch.argsort(b, stable=True)), unsorted, values)
+        check(lambda b, v: torch.searchsorted(b, v, side="right" if right else "left"), rows, values)
+
+
 def test_histc(mode):
     x = torch.tensor([0.0, 0.1, 0.5, 0.99, 1.0, 1.5, -0.5, float("nan"), 0.25])
     check(lambda x: (torch.histc(x, 4, 0, 1), torch.histc(x[:7], 5), torch.histc(x, 3, -1, 2),
                      torch.histc(torch.ones(3, device=x.device), 4), torch.histc(x[:0], 3, 0, 1)), x)
     check(lambda x: torch.histc(x, 10), torch.randn(100))
+
+
+def test_histc_range_from_data_must_be_finite(mode):
+    # min == max takes the range from the data: CPU raises when that holds inf or NaN.
+    for data in ([1.0, float("inf")], [float("-inf"), 0.0, 2.0], [0.5, float("nan")], [float("nan")]):
+        with pytest.raises(RuntimeError, match="torch.histc: range of"):
+            torch.histc(torch.tensor(data), 4)
+        with pytest.raises(RuntimeError, match=r"torch.histc: range of \[min, max\] is not finite"):
+            torch.histc(torch.tensor(data, device="tpu"), 4).cpu()
+    check(lambda x: torch.histc(x, 4, -1, 1), torch.tensor([float("inf"), float("nan"), 0.5, -1.0]))

@@ -1,8 +1,11 @@
 """Reductions on tpu vs CPU: forward, gradients, dtypes, keepdim, edge cases."""
+import re
+
 import pytest
 import torch
 
 from test_elementwise import BF16, NAN, rand, run_table
+from utils import check
 
 # name -> fn of one f32 (3, 4) input; checked with gradients in every mode.
 REDUCE = {
@@ -90,3 +93,28 @@ def test_reduction_edge_cases():
              ("norm_inf_nan", lambda t: torch.linalg.vector_norm(t, float("inf"), 1), [ties], None),
              ("cumsum_long", lambda t: t.cumsum(0), [rand(300, dtype=torch.float64)], dict(rtol=1e-9, atol=1e-9))]
     run_table(cases)
+
+
+def test_amax_amin_backward_nan_and_ties(mode):
+    # CPU's rule: the gradient split evenly among the elements equal to the result, so a slice
+    # whose result is NaN (no element equals it) gets NaN everywhere (grad / 0 * 0).
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [NAN, 2.0, NAN, 2.0], [-1.0, -1.0, -1.0, 5.0]], requires_grad=True)
+    for fn in (lambda t: t.amax(1), lambda t: t.amin(1), lambda t: t.amax(0, keepdim=True), lambda t: t.amin(),
+               lambda t: t[2:].amax(), lambda t: t.amax((0, 1))):
+        check(fn, x, grad=True)
+
+
+def test_empty_reductions_raise_as_on_cpu(mode):
+    # The meta kernels of max/min and median/nanmedian(dim) accept a reduction over no
+    # elements; CPU's kernels raise, and so does tpu (the call runs on CPU). Empty results
+    # that CPU computes (a reduced dim of size 3 in a (3, 0) tensor) still come back.
+    e = torch.empty(3, 0)
+    calls = [torch.max, torch.min, lambda t: t.max(1), lambda t: t.min(-1, keepdim=True),
+             lambda t: t.median(1), lambda t: t.nanmedian(1), lambda t: t[0].max(0)]
+    for fn in calls:
+        with pytest.raises((RuntimeError, IndexError)) as cpu_error:
+            fn(e)
+        with pytest.raises(cpu_error.type, match=re.escape(str(cpu_error.value))):
+            fn(e.to("tpu"))
+    for fn in (lambda t: t.max(0), lambda t: t.min(0, keepdim=True), lambda t: t.median(0), lambda t: t.nanmedian(0)):
+        check(fn, e, no_fallback=False)
