@@ -567,36 +567,24 @@ void lower_adaptive_max_pool2d(LoweringContext& ctx, const Node& node) {
 }
 
 // Scatter-adds grad [..., Ho, Wo] into [..., H, W] at flat per-plane indices: one index per
-// update into the flattened planes (plane * H*W + index), in grad's own shape (a scalar index
-// per element: no reshape, which XLA:CPU would otherwise fuse with the forward's window loop
-// into one slow, unvectorised loop). An index outside its plane is sent past the end, so that
-// the scatter drops it instead of writing a neighbouring plane.
+// update into the flattened planes (plane * H*W + index), in grad's own shape (a (plane, index)
+// pair built by concatenation cost XLA:CPU more than the scatter). An index outside its plane is
+// sent past the end, so that the scatter drops it instead of writing a neighbouring plane.
 V scatter_by_index(LoweringContext& ctx, const V& grad, const V& indices, const TensorType& out) {
   DType acc = acc_dtype(out.dtype);
   int64_t r = out.rank();
-  int64_t planes = 1;
-  for (int64_t i = 0; i < r - 2; ++i) planes *= out.shape[i];
   int64_t hw = out.shape[r - 2] * out.shape[r - 1];
   const std::vector<int64_t>& cells = grad.type.shape;
-  TensorType cell_i64{cells, DType::Int64};
   auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, cells); };
   V idx = ctx.convert(indices, DType::Int64);
   V flat = idx;
   for (int64_t d = r - 3, stride = hw; d >= 0; stride *= out.shape[d], --d)
-    flat = ctx.binary("stablehlo.add", flat, ctx.binary("stablehlo.multiply", ctx.iota(cell_i64, d), i64(stride)));
+    flat = ctx.binary("stablehlo.add", flat,
+                      ctx.binary("stablehlo.multiply", ctx.iota(TensorType{cells, DType::Int64}, d), i64(stride)));
   V inside = ctx.binary("stablehlo.and", ctx.compare("GE", idx, i64(0)), ctx.compare("LT", idx, i64(hw)));
-  flat = ctx.select(inside, flat, i64(planes * hw));
-  V zeros = ctx.constant(0, acc, {planes * hw});
-  TensorType s{{}, acc};
-  std::string body = ctx.region({s, s}, [&](const std::vector<V>& a) {
-    return std::vector<V>{ctx.binary("stablehlo.add", a[0], a[1])};
-  });
-  std::string attrs =
-      "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], "
-      "scatter_dims_to_operand_dims = [0], index_vector_dim = " + std::to_string(r) + ">, indices_are_sorted = false, "
-      "unique_indices = false";
-  V r0 = ctx.emit("stablehlo.scatter", {zeros, flat, ctx.convert(grad, acc)}, zeros.type, attrs, body);
-  return ctx.convert(ctx.reshape(r0, out.shape), out.dtype);
+  flat = ctx.select(inside, flat, i64(out.numel()));
+  V summed = scatter_linear(ctx, ctx.constant(0, acc, out.shape), flat, ctx.convert(grad, acc), "stablehlo.add");
+  return ctx.convert(summed, out.dtype);
 }
 
 // max_pool2d_with_indices_backward(grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices)
