@@ -37,3 +37,12 @@ def mode(request):
 def _all_tests_use_a_mode(request):
     # Tests that do not take `mode` run in the default (fused) mode.
     yield
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    # Every test starts from the same RNG state, so its random inputs do not depend on which
+    # tests ran before it (a module-level manual_seed runs at collection, before any test, and
+    # the suite's order then decided the inputs: a bf16 round() once met a halfway case).
+    torch.manual_seed(0)
+    yield
