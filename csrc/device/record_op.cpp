@@ -259,13 +259,20 @@ DTypeSet refused_dtypes(const LoweringRule* rule, const ParsedOp& p) {
   return rule->refuses | (rule->refuses_for ? rule->refuses_for(p.args) : 0);
 }
 
+// The op's first defined tensor argument (self), or nullptr.
+const at::Tensor* first_tensor(const std::vector<c10::IValue>& args) {
+  for (const auto& v : args)
+    if (v.isTensor() && v.toTensor().defined()) return &v.toTensor();
+  return nullptr;
+}
+
 // The dtype a refusal judged on the arguments (Judged::Self, Judged::Promoted) looks at.
 std::optional<DType> judged_argument_dtype(const LoweringRule* rule, const c10::FunctionSchema& schema,
                                            const std::vector<c10::IValue>& args) {
   if (rule->judged_on == Judged::Self) {
-    for (const auto& v : args)
-      if (v.isTensor() && v.toTensor().defined()) return to_dtype(v.toTensor().scalar_type());
-    return std::nullopt;
+    const at::Tensor* self = first_tensor(args);
+    if (!self) return std::nullopt;
+    return to_dtype(self->scalar_type());
   }
   at::native::ResultTypeState state;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -306,11 +313,8 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
   }
   if (!rule->complex && touches_complex(args)) return false;
   if (rule->refuses_empty) {
-    for (const auto& v : args)
-      if (v.isTensor() && v.toTensor().defined()) {
-        if (v.toTensor().numel() == 0) return false;
-        break;  // self decides
-      }
+    const at::Tensor* self = first_tensor(args);
+    if (self && self->numel() == 0) return false;
   }
   ParsedOp p = parse_args(schema, args, rule);
   if (!p.supported) return false;
