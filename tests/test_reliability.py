@@ -531,6 +531,30 @@ def test_a_flush_out_of_memory_keeps_every_pending_value():
     assert total.item() == 36.0
 
 
+@pytest.mark.modes("fused")
+def test_a_graph_loaded_from_the_disk_cache_still_checks_its_memory(tmp_path):
+    # The entry keeps the graph's memory need: a process that loads it raises as one that compiled it.
+    x = torch.arange(7.0, device="tpu")
+    torchtpu.sync()
+
+    def graph():
+        y = x * 3
+        return y, (y + 1).sum()
+
+    with cache_dir(tmp_path):
+        y, total = graph()
+        torchtpu.sync()  # compiled and stored
+        del y, total
+        _C.clear_memory_cache()
+        hits = torchtpu.metrics.counters()["cache_hits_disk"]
+        with memory_budget(16):  # the graph's results (32 bytes) do not fit
+            y, total = graph()
+            with pytest.raises(torch.OutOfMemoryError, match="graph of"):
+                torchtpu.sync()
+        assert torchtpu.metrics.counters()["cache_hits_disk"] == hits + 1  # loaded, not recompiled
+        assert total.item() == 70.0
+
+
 def test_a_result_larger_than_the_device_raises_out_of_memory_at_once(mode):
     x = torch.ones(8, device="tpu")
     torchtpu.sync(wait=True)

@@ -198,7 +198,8 @@ class Engine {
   CompiledPtr compile_graph(Graph& graph);
   std::string lower_graph(const Graph& graph, std::vector<std::string>* signature, std::vector<CheckSpec>* checks);
   void dump_module(const Graph& graph, const std::string& text);
-  ExecutablePtr load_from_disk(Graph& graph, const CacheKey& key);
+  // Fills `compiled`'s executable and memory_needed from the disk cache; false on a miss.
+  bool load_from_disk(Graph& graph, const CacheKey& key, Compiled* compiled);
   std::vector<BufferPtr> launch_graph(Executable& exe, const std::vector<BufferPtr>& args,
                                       const std::vector<TensorType>& result_types, const Graph& g);
   void note_recompilation(const Graph& graph, std::vector<std::string> signature);
