@@ -3,7 +3,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
+import pytest
 import torch
 
 import torchtpu
@@ -68,6 +70,24 @@ def check(fn, *args, rtol=1e-5, atol=1e-5, grad=False, no_fallback=True, **kwarg
         new = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         assert not new, f"ops fell back to CPU: {new}"
     return actual
+
+
+def check_error(fn, *args):
+    """fn raises on CPU args; on their tpu copies it raises the same exception type with the
+    same message (at the latest when its result is read), and nothing fell back to CPU or
+    warned of a missing lowering: CPU's kernel only said no."""
+    cpu_args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(Exception) as on_cpu:
+        fn(*cpu_args)
+    before = dict(torchtpu.metrics.counters()["fallback_ops"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(type(on_cpu.value)) as on_tpu:
+            to_cpu(fn(*[to_tpu(a) for a in cpu_args]))
+    assert type(on_tpu.value) is type(on_cpu.value)
+    assert str(on_tpu.value) == str(on_cpu.value)
+    assert [str(w.message) for w in caught if "no tpu lowering" in str(w.message)] == []
+    assert torchtpu.metrics.counters()["fallback_ops"] == before
 
 
 # --- complex-aware comparisons (tests/ops/test_complex.py, test_fft.py) --------------------

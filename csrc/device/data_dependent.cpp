@@ -140,6 +140,8 @@ bool record_with_expanded_masks(const c10::OperatorHandle& op, const LoweringRul
   c10::IValue& self_arg = (*stack)[stack->size() - n];
   c10::IValue& indices_arg = (*stack)[stack->size() - n + 1];
   if (!self_arg.isTensor() || !is_tpu(self_arg.toTensor()) || !supported(self_arg.toTensor())) return false;
+  // A refused index (a uint8 mask to _unsafe_index): CPU's kernel decides it as given.
+  if (rule && refuses_index(rule, std::vector<c10::IValue>(stack->end() - n, stack->end()))) return false;
   auto indices = indices_arg.toOptionalTensorList();
   int tensors = 0;
   if (!has_mask(indices, &tensors) || (lone_mask_direct && tensors == 1)) return false;

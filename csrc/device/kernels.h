@@ -77,6 +77,9 @@ std::vector<const char*> early_refusal_ops();  // their names ("max_pool1d")
 // dtype or argument, arguments the meta kernel rejects, no meta kernel, a data-dependent
 // shape): the caller lets CPU's kernel decide (cpu_kernel_decides).
 bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack);
+// Whether the op's index argument has a dtype the rule refuses (LoweringRule::index_refuses):
+// record_op declines such calls, and mask indexing leaves them to it unexpanded.
+bool refuses_index(const LoweringRule* rule, const std::vector<c10::IValue>& args);
 // An argument as meta kernels take it (tensors become meta tensors of the same geometry).
 c10::IValue to_meta(const c10::IValue& v);
 

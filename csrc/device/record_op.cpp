@@ -299,6 +299,27 @@ void check_linalg_errors(const c10::OperatorHandle& op, const std::vector<c10::I
 
 }  // namespace
 
+// Whether the op's index argument (LoweringRule::index_arg) has a dtype the rule refuses: a
+// float index to index_put, whose CPU kernel raises for it.
+bool refuses_index(const LoweringRule* rule, const std::vector<c10::IValue>& args) {
+  if (rule->index_arg < 0 || static_cast<size_t>(rule->index_arg) >= args.size()) return false;
+  auto refused = [&](const at::Tensor& t) {
+    return t.defined() && is_supported_dtype(static_cast<int>(t.scalar_type())) &&
+           (rule->index_refuses & dtype_set(to_dtype(t.scalar_type())));
+  };
+  const c10::IValue& v = args[rule->index_arg];
+  if (v.isTensor()) return refused(v.toTensor());
+  if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorList())
+      if (refused(t)) return true;
+  if (v.isOptionalTensorList())
+    for (const auto& ref : v.toOptionalTensorList()) {
+      std::optional<at::Tensor> t = ref;
+      if (t.has_value() && refused(*t)) return true;
+    }
+  return false;
+}
+
 bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   size_t n = schema.arguments().size();
@@ -312,6 +333,7 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
     }
   }
   if (!rule->complex && touches_complex(args)) return false;
+  if (refuses_index(rule, args)) return false;
   if (rule->refuses_empty) {
     const at::Tensor* self = first_tensor(args);
     if (self && self->numel() == 0) return false;

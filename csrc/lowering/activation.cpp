@@ -106,6 +106,10 @@ void lower_rrelu(LoweringContext& ctx, const Node& node) {
   ctx.set_results({ctx.convert(e.sel(negative, e.mul(x, slope), x), out.dtype), noise});
 }
 
+// CPU draws rrelu's slopes in float32, float64 and bfloat16 only ("rrelu_with_noise_out_cpu" not
+// implemented for 'Half'); in eval it is leaky_relu, which takes float16 too.
+DTypeSet rrelu_refuses(const std::vector<Arg>& args) { return args[4].as_bool() ? dtype_set(DType::Float16) : 0; }
+
 // rrelu_with_noise_backward(grad, self, noise, lower, upper, training, self_is_result): the
 // drawn slopes in training (when upper - lower > 1e-6, as CPU decides), else leaky relu's.
 void lower_rrelu_backward(LoweringContext& ctx, const Node& node) {
@@ -126,7 +130,8 @@ LOWERING("aten::softshrink", lower_shrink, "soft");
 LOWERING("aten::hardshrink", lower_shrink, "hard", kFloatOnly);
 LOWERING("aten::softshrink_backward", lower_shrink_backward);
 LOWERING("aten::hardshrink_backward", lower_shrink_backward);
-LOWERING("aten::rrelu_with_noise_functional", lower_rrelu, nullptr, RuleFlags{.random = true, .refuses = kBoolDTypes | kIntegerDTypes});
+LOWERING("aten::rrelu_with_noise_functional", lower_rrelu, nullptr,
+         RuleFlags{.random = true, .refuses = kBoolDTypes | kIntegerDTypes, .refuses_for = rrelu_refuses});
 LOWERING("aten::rrelu_with_noise_backward", lower_rrelu_backward);
 
 }  // namespace

@@ -134,11 +134,14 @@ void lower_index_reduce(LoweringContext& ctx, const Node& node) {
 }
 
 LOWERING("aten::take", lower_take);
-LOWERING("aten::put", lower_put);
-LOWERING("aten::index_fill.int_Scalar", lower_index_fill);
-LOWERING("aten::index_fill.int_Tensor", lower_index_fill);
-LOWERING("aten::index_copy", lower_index_copy);
-LOWERING("aten::index_reduce", lower_index_reduce, nullptr, kNoBool);
+// CPU's kernels check the index dtype, the meta kernels do not ("put_(): Expected a long tensor
+// for index, but got Float"; index_fill raises IndexError).
+LOWERING("aten::put", lower_put, nullptr, RuleFlags{.index_arg = 1, .index_refuses = kIndexNotInt64});
+LOWERING("aten::index_fill.int_Scalar", lower_index_fill, nullptr, RuleFlags{.index_arg = 2, .index_refuses = kIndexNotInt64});
+LOWERING("aten::index_fill.int_Tensor", lower_index_fill, nullptr, RuleFlags{.index_arg = 2, .index_refuses = kIndexNotInt64});
+LOWERING("aten::index_copy", lower_index_copy, nullptr, RuleFlags{.index_arg = 2, .index_refuses = kIndexNotInt64});
+LOWERING("aten::index_reduce", lower_index_reduce, nullptr,
+         RuleFlags{.refuses = kBoolDTypes, .index_arg = 2, .index_refuses = kIndexNotInt});
 
 }  // namespace
 }  // namespace torchtpu

@@ -186,10 +186,8 @@ void lower_index_select(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
   V index = ctx.input(node, 2);
-  // CPU's checks of the index, which the meta kernel lacks.
+  // CPU's check of the index, which the meta kernel lacks (its dtype: the rule's index_refuses).
   check_index_argument(index.type.rank() <= 1, "index_select(): Index is supposed to be a vector");
-  check_argument(index.type.dtype == DType::Int64 || index.type.dtype == DType::Int32,
-                 "index_select(): Expected dtype int32 or int64 for index");
   IndexCheck range = range_check();
   if (x.type.rank() == 0) {
     checked_index(ctx, index, 1, DType::Int64, &range);
@@ -497,12 +495,15 @@ void lower_one_hot(LoweringContext& ctx, const Node& node) {
 }
 
 LOWERING("aten::one_hot", lower_one_hot);
+// index.Tensor's meta kernel checks its indices' dtypes as CPU does; index_put's does not.
 LOWERING("aten::index.Tensor", lower_index, nullptr, kTakesComplex);
-LOWERING("aten::_unsafe_index.Tensor", lower_index, "unchecked", kTakesComplex);
-LOWERING("aten::index_put", lower_index_put, nullptr, kTakesComplex);
-LOWERING("aten::_index_put_impl", lower_index_put, nullptr, kTakesComplex);
-LOWERING("aten::_unsafe_index_put", lower_index_put, "unchecked", kTakesComplex);
-LOWERING("aten::index_select", lower_index_select, nullptr, kTakesComplex);
+// "_unsafe_index found unexpected index type Byte": no masks.
+LOWERING("aten::_unsafe_index.Tensor", lower_index, "unchecked", RuleFlags{.complex = true, .index_arg = 1, .index_refuses = kIndexNotInt});
+constexpr RuleFlags kIndexPut{.complex = true, .index_arg = 1, .index_refuses = kIndicesNotIntOrBool};
+LOWERING("aten::index_put", lower_index_put, nullptr, kIndexPut);
+LOWERING("aten::_index_put_impl", lower_index_put, nullptr, kIndexPut);
+LOWERING("aten::_unsafe_index_put", lower_index_put, "unchecked", kIndexPut);
+LOWERING("aten::index_select", lower_index_select, nullptr, RuleFlags{.complex = true, .index_arg = 2, .index_refuses = kIndexNotInt});
 LOWERING("aten::gather", lower_gather, nullptr, kTakesComplex);
 LOWERING("aten::scatter.src", lower_scatter, nullptr, kTakesComplex);
 LOWERING("aten::scatter.value", lower_scatter, nullptr, kTakesComplex);
@@ -510,13 +511,16 @@ LOWERING("aten::scatter.reduce", lower_scatter, nullptr, kTakesComplex);
 LOWERING("aten::scatter.value_reduce", lower_scatter, nullptr, kTakesComplex);
 LOWERING("aten::scatter_add", lower_scatter, "add", kTakesComplex);
 LOWERING("aten::scatter_reduce.two", lower_scatter_reduce, nullptr, kNoBool);
-LOWERING("aten::index_add", lower_index_add, nullptr, kTakesComplex);
+LOWERING("aten::index_add", lower_index_add, nullptr, RuleFlags{.complex = true, .index_arg = 2, .index_refuses = kIndexNotInt});
 LOWERING("aten::masked_fill.Scalar", lower_masked_fill, nullptr, kTakesComplex);
 LOWERING("aten::masked_fill.Tensor", lower_masked_fill, nullptr, kTakesComplex);
-LOWERING("aten::masked_scatter", lower_masked_scatter, nullptr, kTakesComplex);
+// "masked_scatter_ only supports boolean masks, but got mask with dtype Byte" (masked_fill's meta
+// kernel checks its mask, masked_scatter's does not).
+LOWERING("aten::masked_scatter", lower_masked_scatter, nullptr,
+         RuleFlags{.complex = true, .index_arg = 1, .index_refuses = kAllDTypes & ~kBoolDTypes});
 LOWERING("aten::masked_scatter_backward", lower_masked_scatter_backward, nullptr, kTakesComplex);
 LOWERING("aten::embedding", lower_embedding);
-LOWERING("aten::embedding_dense_backward", lower_embedding_backward);
+LOWERING("aten::embedding_dense_backward", lower_embedding_backward, nullptr, RuleFlags{.index_arg = 1, .index_refuses = kIndexNotInt});
 LOWERING("aten::sort", lower_sort);
 LOWERING("aten::sort.stable", lower_sort);
 LOWERING("aten::topk", lower_topk, nullptr, kNoBool);

@@ -207,10 +207,15 @@ void lower_bce_backward(LoweringContext& ctx, const Node& node) {
   ctx.set_result(mul(ctx, r, loss_grad(ctx, ctx.input(node, 0), node.args[4].as_int(), out.dtype, out.shape)));
 }
 
-LOWERING("aten::nll_loss_forward", lower_nll_loss, nullptr, kSelfFloatOnly);
-LOWERING("aten::nll_loss2d_forward", lower_nll_loss, nullptr, kSelfFloatOnly);
-LOWERING("aten::nll_loss_backward", lower_nll_loss_backward);
-LOWERING("aten::nll_loss2d_backward", lower_nll_loss_backward);
+// CPU takes class targets in int64 or uint8 ("expected target dtype to be Long or Byte, but got Int").
+constexpr DTypeSet kTargetNotInt64OrUInt8 = kIndexNotInt64 & ~dtype_set(DType::UInt8);
+constexpr RuleFlags kNllLoss{.refuses = kBoolDTypes | kIntegerDTypes, .judged_on = Judged::Self, .index_arg = 1,
+                             .index_refuses = kTargetNotInt64OrUInt8};
+constexpr RuleFlags kNllLossBackward{.index_arg = 2, .index_refuses = kTargetNotInt64OrUInt8};
+LOWERING("aten::nll_loss_forward", lower_nll_loss, nullptr, kNllLoss);
+LOWERING("aten::nll_loss2d_forward", lower_nll_loss, nullptr, kNllLoss);
+LOWERING("aten::nll_loss_backward", lower_nll_loss_backward, nullptr, kNllLossBackward);
+LOWERING("aten::nll_loss2d_backward", lower_nll_loss_backward, nullptr, kNllLossBackward);
 LOWERING("aten::mse_loss", lower_loss, "mse");
 LOWERING("aten::mse_loss_backward", lower_loss_backward, "mse");
 LOWERING("aten::smooth_l1_loss", lower_loss, "smooth_l1", kSelfFloatOnly);

@@ -46,6 +46,8 @@ RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data,
   rule.judged_on = flags.judged_on;
   rule.refuses_for = flags.refuses_for;
   rule.refuses_empty = flags.refuses_empty;
+  rule.index_arg = flags.index_arg;
+  rule.index_refuses = flags.index_refuses;
   add_rule(rule);
 }
 

@@ -20,6 +20,7 @@ inline constexpr DTypeSet kIntegerDTypes = dtype_set(DType::UInt8) | dtype_set(D
                                            dtype_set(DType::Int32) | dtype_set(DType::Int64);
 inline constexpr DTypeSet kFloatDTypes = dtype_set(DType::Float16) | dtype_set(DType::BFloat16) |
                                          dtype_set(DType::Float32) | dtype_set(DType::Float64);
+inline constexpr DTypeSet kAllDTypes = ~DTypeSet{0};
 
 // The dtype a rule's refusal is judged on.
 enum class Judged : uint8_t {
@@ -56,6 +57,13 @@ struct LoweringRule {
   // whose CPU kernel raises on an empty reduction the meta kernel passes (max(), max(dim) or
   // median(dim) along an empty dim: "Expected reduction dim 0 to have non-zero size").
   bool refuses_empty = false;
+  // Dtypes the op's index argument (args[index_arg]: a Tensor, or each tensor of a TensorList;
+  // a mask or a class target is an index too) may not have, whatever the other arguments'. CPU's
+  // kernels check them where the meta kernels do not: index_put of float indices raises
+  // IndexError("tensors used as indices must be long, int, byte or bool tensors"), index_copy
+  // takes int64 only. Such calls run through the CPU kernel, which raises that error.
+  int index_arg = -1;
+  DTypeSet index_refuses = 0;
 };
 
 // The rule's properties, declared at registration:
@@ -69,6 +77,8 @@ struct RuleFlags {
   Judged judged_on = Judged::Result;
   RefusalFn refuses_for = nullptr;
   bool refuses_empty = false;
+  int index_arg = -1;
+  DTypeSet index_refuses = 0;
 };
 // Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, "exp", kTakesComplex);
 inline constexpr RuleFlags kTakesComplex{.complex = true};
@@ -84,6 +94,13 @@ inline constexpr RuleFlags kSelfNotBool{.refuses = kBoolDTypes, .judged_on = Jud
 inline constexpr RuleFlags kSelfFloatOnly{.refuses = kBoolDTypes | kIntegerDTypes, .judged_on = Judged::Self};
 inline constexpr RuleFlags kNotEmpty{.refuses_empty = true};                                 // max, min
 inline constexpr RuleFlags kNoBoolNotEmpty{.refuses = kBoolDTypes, .refuses_empty = true};    // median.dim
+// Index dtypes CPU's kernels refuse (LoweringRule::index_refuses), by the dtypes they take.
+inline constexpr DTypeSet kIndexNotInt64 = kAllDTypes & ~dtype_set(DType::Int64);         // index_copy, put
+inline constexpr DTypeSet kIndexNotInt = kIndexNotInt64 & ~dtype_set(DType::Int32);       // index_add
+// index_put's indices: int64, int32 or bool masks. CPU reads a uint8 index as a mask too, but
+// raises for it where it fills from a 0-d value (x[uint8_mask] = 1.0: "masked_fill_ only
+// supports boolean masks"), so CPU decides every uint8 call.
+inline constexpr DTypeSet kIndicesNotIntOrBool = kIndexNotInt & ~kBoolDTypes;
 
 const LoweringRule* find_lowering(const std::string& op);
 const LoweringRule* find_lowering(OpKind kind);

@@ -1,8 +1,9 @@
 """glu, prelu, softshrink/hardshrink and rrelu (and their backward ops) against CPU."""
+import pytest
 import torch
 import torch.nn.functional as F
 
-from utils import check
+from utils import check, check_error
 
 torch.manual_seed(0)
 X = torch.cat([torch.randn(3, 8), torch.tensor([[0.5, -0.5, 0.0, -0.0, float("nan"), 2.0, -3.0, 0.4999]])]).requires_grad_()
@@ -40,3 +41,33 @@ def test_rrelu_training_draws_slopes_in_range(mode):
     torch.testing.assert_close(gc[~pos], slopes)  # the gradient is the drawn slope
     z = F.rrelu(x.detach(), 0.1, 0.3, training=True).cpu()
     assert not torch.equal(z, yc)  # a new draw
+
+
+RRELU_DRAWS = {
+    "rrelu": lambda x: F.rrelu(x, training=True),
+    "rrelu_": lambda x: F.rrelu(x.clone(), 0.1, 0.3, training=True, inplace=True),
+    "RReLU": lambda x: torch.nn.RReLU()(x),
+    "rrelu_with_noise": lambda x: torch.ops.aten.rrelu_with_noise(x, torch.zeros_like(x), 0.1, 0.3, True),
+}
+
+
+@pytest.mark.parametrize("name", list(RRELU_DRAWS))
+def test_rrelu_training_refuses_float16_like_cpu(mode, name):
+    # CPU draws slopes in float32, float64 and bfloat16 only: "rrelu_with_noise_out_cpu" not
+    # implemented for 'Half'. The lowering drew them in float16 too.
+    check_error(RRELU_DRAWS[name], X.detach().half())
+
+
+def test_rrelu_half_types_that_cpu_computes(mode):
+    # In eval rrelu is leaky_relu, which CPU computes in float16; bfloat16 draws in training.
+    for dtype in (torch.float16, torch.bfloat16):
+        check(lambda x: (F.rrelu(x, training=False), F.rrelu(x, 0.2, 0.6, training=False),
+                         torch.ops.aten.rrelu_with_noise(x, torch.zeros_like(x), 0.1, 0.3, False)),
+              X.detach().to(dtype), rtol=1e-2, atol=1e-2)
+    x = torch.randn(1000, dtype=torch.bfloat16)
+    y = F.rrelu(x.to("tpu"), 0.1, 0.3, training=True).cpu()
+    assert y.dtype == torch.bfloat16
+    neg = x < 0
+    assert torch.equal(y[~neg], x[~neg])
+    slopes = y[neg].float() / x[neg].float()
+    assert slopes.min() >= 0.1 - 2e-2 and slopes.max() <= 0.3 + 2e-2

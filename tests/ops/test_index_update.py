@@ -3,7 +3,7 @@ inputs, every reduction with and without self, integer dtypes, gradients."""
 import pytest
 import torch
 
-from utils import check
+from utils import check, check_error
 
 torch.manual_seed(0)
 X = torch.randn(4, 5, requires_grad=True)
@@ -40,3 +40,36 @@ def test_index_reduce(mode, reduce):
                                            include_self=include_self)), X, source, grad=True)
     check(lambda i: i.index_reduce(0, torch.tensor([0, 0, 2], device=i.device), torch.tensor([2, 3, -4], device=i.device), reduce),
           torch.full((3,), 7))
+
+
+F32_INDEX = torch.tensor([0.0, 2.0])
+# CPU's kernels take int64 indices only (index_add and index_reduce take int32 too); the meta
+# kernels do not check, and the lowerings computed float, int32, bool and uint8 indices
+# (index_fill read bool and uint8 ones as positions 0 and 1).
+INDEX_DTYPE_ERRORS = {
+    **{f"index_copy-{dt}": (lambda x, i: x.index_copy(0, i, x[:2] * 3), F32_INDEX.to(dt))
+       for dt in (torch.float32, torch.float16, torch.int32, torch.int16)},
+    **{f"index_fill-{dt}": (lambda x, i: x.index_fill(0, i, 1.5), F32_INDEX.to(dt))
+       for dt in (torch.float32, torch.int32, torch.uint8, torch.bool)},
+    "index_fill_tensor-float": (lambda x, i: x.index_fill(1, i, torch.tensor(2.0, device=x.device)), F32_INDEX),
+    "index_fill_-float": (lambda x, i: x.clone().index_fill_(0, i, 1.5), F32_INDEX),
+    **{f"index_reduce-{dt}": (lambda x, i: x.index_reduce(0, i, x[:2], "prod"), F32_INDEX.to(dt))
+       for dt in (torch.float32, torch.bfloat16, torch.int8, torch.uint8, torch.bool)},
+    **{f"put-{dt}": (lambda x, i: x.put(i, torch.tensor([9.0, 8.0], device=x.device)), F32_INDEX.to(dt))
+       for dt in (torch.float32, torch.float64, torch.int32, torch.uint8)},
+    "put-accumulate-float": (lambda x, i: x.put(i, torch.tensor([9.0, 8.0], device=x.device), accumulate=True),
+                             F32_INDEX),
+    "put_-float": (lambda x, i: x.clone().put_(i, torch.tensor([9.0, 8.0], device=x.device)), F32_INDEX),
+    "take-float": (lambda x, i: torch.take(x, i), F32_INDEX),
+}
+
+
+@pytest.mark.parametrize("name", list(INDEX_DTYPE_ERRORS))
+def test_refused_index_dtype_raises_cpu_error(mode, name):
+    fn, index = INDEX_DTYPE_ERRORS[name]
+    check_error(fn, X.detach(), index)
+
+
+def test_int32_index_stays_on_tpu(mode):
+    # index_reduce takes int32 indices on CPU, as index_add does (test_indexing.py).
+    check(lambda x: x.index_reduce(0, J.int().to(x.device), x[:3] * 2, "amax"), X.detach())

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu
-from utils import check
+from utils import check, check_error
 
 torch.manual_seed(0)
 X = torch.randn(4, 5, requires_grad=True)
@@ -119,3 +119,56 @@ def test_index_zero_dim(mode):
     s = torch.tensor(1.5, requires_grad=True)
     check(group(lambda s: s.index_select(0, on(s, torch.tensor([0]))), lambda s: s.gather(0, on(s, torch.tensor(0))),
                 lambda s: s.sort()), s, grad=True)
+
+
+F32_INDEX = torch.tensor([0.0, 2.0])
+# Index dtypes CPU's kernels refuse where the meta kernels pass them: index_put computed with
+# float, int8 and int16 indices ("tensors used as indices must be long, int, byte or bool
+# tensors" on CPU), x[uint8_mask] = 1.0 (CPU's masked_fill_ takes bool masks only),
+# index_add with a float index and masked_scatter with a uint8 mask. The getters, gather,
+# scatter, index_select and take were right already (their meta kernels or lowerings check).
+INDEX_DTYPE_ERRORS = {
+    **{f"index_put-{dt}": (lambda x, i: x.index_put((i,), torch.tensor(7.0, device=x.device)), F32_INDEX.to(dt))
+       for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16)},
+    "setitem-float": (lambda x, i: put(x, i, 7.0), F32_INDEX),
+    "setitem-tensor-float": (lambda x, i: put(x, i, x[:2] * 2), F32_INDEX),
+    "index_put_-accumulate-float": (lambda x, i: x.clone().index_put_((i,), x[:2], accumulate=True), F32_INDEX),
+    "setitem-int-and-float": (lambda x, i: put(x, (torch.tensor([0, 1], device=x.device), i), 7.0), F32_INDEX),
+    "setitem-mask-and-float": (lambda x, i: put(x, (M.to(x.device), i), 7.0), torch.tensor([0.0, 2.0, 1.0])),
+    "setitem-uint8-mask-scalar": (lambda x, m: put(x, m, 7.0), M.to(torch.uint8)),
+    "unsafe_index_put-float": (lambda x, i: torch.ops.aten._unsafe_index_put(x, [i], torch.tensor(7.0, device=x.device)),
+                               F32_INDEX),
+    "unsafe_index-bool": (lambda x, m: torch.ops.aten._unsafe_index(x, [m]), M),
+    "unsafe_index-uint8": (lambda x, m: torch.ops.aten._unsafe_index(x, [m]), M.to(torch.uint8)),
+    "index-float": (lambda x, i: x[i], F32_INDEX),
+    "index-mask-and-float": (lambda x, i: x[M.to(x.device), i], torch.tensor([0.0, 2.0, 1.0])),
+    "index_add-float": (lambda x, i: x.index_add(0, i, x[:2]), F32_INDEX),
+    "index_add-int16": (lambda x, i: x.index_add(0, i, x[:2]), F32_INDEX.to(torch.int16)),
+    "index_select-float": (lambda x, i: x.index_select(0, i), F32_INDEX),
+    "gather-float": (lambda x, i: x.gather(0, i[None].expand(2, 5)), F32_INDEX),
+    "scatter-float": (lambda x, i: x.scatter(0, i[None].expand(2, 5), 1.0), F32_INDEX),
+    "scatter_add-float": (lambda x, i: x.scatter_add(0, i[None].expand(2, 5), x[:2]), F32_INDEX),
+    "masked_scatter-uint8": (lambda x, m: x.masked_scatter(m[:, None], x * 2), M.to(torch.uint8)),
+    "embedding_dense_backward-int16": (lambda x, i: torch.ops.aten.embedding_dense_backward(x[:2], i, 4, -1, False),
+                                       F32_INDEX.to(torch.int16)),
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*uint8.*deprecated")
+@pytest.mark.parametrize("name", list(INDEX_DTYPE_ERRORS))
+def test_refused_index_dtype_raises_cpu_error(mode, name):
+    fn, index = INDEX_DTYPE_ERRORS[name]
+    check_error(fn, X.detach(), index)
+
+
+@pytest.mark.filterwarnings("ignore:.*uint8.*deprecated")
+def test_accepted_index_dtypes_like_cpu(mode):
+    # int32 indices and bool masks stay on tpu.
+    x = X.detach()
+    check(group(lambda x: put(x, I.int(), 7.0), lambda x: put(x, (I32[0], I32[1]), x[0, :2]),
+                lambda x: put(x, M, 7.0), lambda x: x.index_add(0, on(x, I32[0]), x[:2]),
+                lambda x: torch.ops.aten._unsafe_index(x, [I32[0].to(x.device)])), x)
+    # A uint8 mask with a row value computes on CPU: CPU's kernel decides every uint8 index
+    # to index_put (a fallback), since it refuses one with a 0-d value.
+    check(group(lambda x: put(x, M.to(torch.uint8), x[0]), lambda x: put(x, (M.to(torch.uint8), I), 7.0)), x,
+          no_fallback=False)

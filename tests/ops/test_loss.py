@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from utils import check
+from utils import check, check_error
 
 
 def r(*shape, grad=True):
@@ -51,4 +51,24 @@ def test_l1_and_bce_with_logits(mode):
     # composites over abs/sgn and log_sigmoid (elementwise lowerings).
     check(lambda x, y: F.l1_loss(x, y), r(3, 4), r(3, 4), grad=True, no_fallback=False)
     check(lambda x, y: F.binary_cross_entropy_with_logits(x, y), r(3, 4), torch.rand(3, 4), grad=True,
+          no_fallback=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.bool, torch.float32])
+def test_nll_loss_target_dtype_refused_like_cpu(mode, dtype):
+    # CPU takes int64 or uint8 class targets ("expected target dtype to be Long or Byte, but
+    # got Int"); the lowering computed int32 and bool ones.
+    target = torch.tensor([0, 2, 1, 1]).to(dtype)
+    check_error(lambda x, t: F.nll_loss(x, t), r(4, 3, grad=False), target)
+    check_error(lambda x, t: F.cross_entropy(x, t), r(4, 3, grad=False), target)
+    check_error(lambda x, t: F.nll_loss(x, t), r(2, 3, 2, 2, grad=False), target.view(2, 2, 1).expand(2, 2, 2))
+    # The backward op, called directly, checks its target too ("expected scalar type Long").
+    check_error(lambda x, t: torch.ops.aten.nll_loss_backward(x.sum(), x, t, None, 1, -100, x.sum()),
+                r(4, 3, grad=False), target)
+
+
+def test_nll_loss_uint8_target(mode):
+    # CPU takes uint8 targets; PyTorch's meta kernel refuses them (it gathers with them), so
+    # they run on CPU (a fallback).
+    check(lambda x, t: F.nll_loss(x, t), r(4, 3), torch.tensor([0, 2, 1, 1], dtype=torch.uint8), grad=True,
           no_fallback=False)
