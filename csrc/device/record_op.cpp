@@ -266,13 +266,28 @@ const at::Tensor* first_tensor(const std::vector<c10::IValue>& args) {
   return nullptr;
 }
 
-// The dtype a refusal judged on the arguments (Judged::Self, Judged::Promoted) looks at.
-std::optional<DType> judged_argument_dtype(const LoweringRule* rule, const c10::FunctionSchema& schema,
-                                           const std::vector<c10::IValue>& args) {
+// The dtype of a tensor or number-Scalar argument (a Python bool is Bool, an int Int64).
+std::optional<DType> argument_dtype(const c10::IValue& v, const c10::Argument& argument) {
+  if (v.isTensor() && v.toTensor().defined()) return to_dtype(v.toTensor().scalar_type());
+  if (v.isScalar() && is_number_type(argument.type())) return to_dtype(v.toScalar().type());
+  return std::nullopt;
+}
+
+// Whether a refusal judged on the arguments (Judged::Self, Promoted, Operands) refuses this call.
+bool refused_by_arguments(const LoweringRule* rule, DTypeSet refusing, const c10::FunctionSchema& schema,
+                          const std::vector<c10::IValue>& args) {
   if (rule->judged_on == Judged::Self) {
     const at::Tensor* self = first_tensor(args);
-    if (!self) return std::nullopt;
-    return to_dtype(self->scalar_type());
+    return self && (refusing & dtype_set(to_dtype(self->scalar_type())));
+  }
+  if (rule->judged_on == Judged::Operands) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& name = schema.arguments()[i].name();
+      if (name != "self" && name != "other") continue;
+      std::optional<DType> dtype = argument_dtype(args[i], schema.arguments()[i]);
+      if (dtype && (refusing & dtype_set(*dtype))) return true;
+    }
+    return false;
   }
   at::native::ResultTypeState state;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -281,7 +296,7 @@ std::optional<DType> judged_argument_dtype(const LoweringRule* rule, const c10::
     else if (v.isScalar() && is_number_type(schema.arguments()[i].type()))
       state = at::native::update_result_type_state(v.toScalar(), state);
   }
-  return to_dtype(at::native::result_type(state));
+  return refusing & dtype_set(to_dtype(at::native::result_type(state)));
 }
 
 // An `_ex` op called with check_errors=True raises from its info output (its last), as
@@ -341,10 +356,8 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
   ParsedOp p = parse_args(schema, args, rule);
   if (!p.supported) return false;
   DTypeSet refusing = refused_dtypes(rule, p);
-  if (refusing && rule->judged_on != Judged::Result) {
-    std::optional<DType> judged = judged_argument_dtype(rule, schema, args);
-    if (judged && (refusing & dtype_set(*judged))) return false;
-  }
+  if (refusing && rule->judged_on != Judged::Result && refused_by_arguments(rule, refusing, schema, args))
+    return false;
   uint64_t key = signature_hash(rule, p);
   // Entries are never erased and unordered_map nodes do not move: the cached signature is
   // read in place, without copying its vectors per op.

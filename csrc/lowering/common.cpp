@@ -124,6 +124,14 @@ DType compute_dtype(DType dtype) {
   return dtype == DType::BFloat16 || dtype == DType::Float16 ? DType::Float32 : dtype;
 }
 
+Ex operands_ex(LoweringContext& ctx, const TensorType& out, DType compute) {
+  Ex e = make_ex(ctx, compute, out.shape);
+  e.operands = out.dtype;
+  return e;
+}
+
+Ex operands_ex(LoweringContext& ctx, const TensorType& out) { return operands_ex(ctx, out, compute_dtype(out.dtype)); }
+
 V cumsum_along(LoweringContext& ctx, const V& x, int64_t dim) {
   int64_t rank = x.type.rank(), n = x.type.shape[dim];
   if (n <= 1) return x;

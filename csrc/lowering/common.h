@@ -1,6 +1,7 @@
 // Helpers shared by the lowering families: type promotion and operand preparation.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "ir/graph.h"
@@ -37,6 +38,8 @@ struct Ex {
   LoweringContext& c;
   DType dt;
   std::vector<int64_t> shape;
+  // The dtype arguments are converted to before dt, when it differs (operands_ex).
+  std::optional<DType> operands = std::nullopt;
 
   V k(double v) const { return c.constant(v, dt, shape); }
   V add(const V& a, const V& b) const { return c.binary("stablehlo.add", a, b); }
@@ -52,11 +55,19 @@ struct Ex {
   V band(const V& a, const V& b) const { return c.emit("stablehlo.and", {a, b}, a.type); }
   V bor(const V& a, const V& b) const { return c.emit("stablehlo.or", {a, b}, a.type); }
   V bnot(const V& a) const { return c.unary("stablehlo.not", a); }
-  // A Tensor or Scalar argument converted to dt and broadcast to shape.
-  V arg(const Node& node, int i) const { return tensor_or_scalar(c, node, i, dt, shape); }
+  // A Tensor or Scalar argument converted to dt (through `operands` when set) and broadcast to shape.
+  V arg(const Node& node, int i) const {
+    if (!operands || *operands == dt) return tensor_or_scalar(c, node, i, dt, shape);
+    return c.convert(tensor_or_scalar(c, node, i, *operands, shape), dt);
+  }
 };
 
 inline Ex make_ex(LoweringContext& ctx, DType dt, const std::vector<int64_t>& shape) { return Ex{ctx, dt, shape}; }
+// For binary ops PyTorch computes like CPU's TensorIterator: operands converted to the result
+// dtype `out` first (a float32 0-d tensor or a Python float is rounded to bfloat16 when the
+// result is bfloat16), then computed in `compute` (by default float32 for float16/bfloat16).
+Ex operands_ex(LoweringContext& ctx, const TensorType& out);
+Ex operands_ex(LoweringContext& ctx, const TensorType& out, DType compute);
 
 // True when any element of the boolean x is true (a 0-d bool).
 V any_true(LoweringContext& ctx, const V& x);

@@ -1,15 +1,36 @@
 // Elementwise lowerings: unary math, binary arithmetic, comparisons, logical ops, where.
 // Each family is one function; the rule's `data` names the StableHLO op.
 #include <cmath>
+#include <cstring>
 
 #include "lowering/common.h"
 
 namespace torchtpu {
 namespace {
 
+// CPU's mul and true division of a float16/bfloat16 tensor by a scalar `other` (a Python number
+// or a 0-d tensor) read the scalar unrounded, in float32 (original_scalar_value), where the
+// other binary ops first round it to the result dtype: bf16 * 0.3 multiplies by 0.3f, not by
+// bfloat16(0.3) = 0.30078125. Then `self`, rounded to the result dtype, and the scalar are
+// computed in float32 and the result rounded once.
+bool scalar_other_kept_unrounded(LoweringContext& ctx, const Node& node, const TensorType& out) {
+  if (out.dtype != DType::BFloat16 && out.dtype != DType::Float16) return false;
+  return !ctx.has_input(node, 1) || ctx.input(node, 1).type.rank() == 0;
+}
+
+V binary_with_unrounded_scalar(LoweringContext& ctx, const Node& node, const TensorType& out, const char* op) {
+  V a = ctx.convert(tensor_or_scalar(ctx, node, 0, out.dtype, out.shape), DType::Float32);
+  V b = tensor_or_scalar(ctx, node, 1, DType::Float32, out.shape);
+  return ctx.convert(ctx.binary(op, a, b), out.dtype);
+}
+
 // Binary arithmetic computed in the result dtype: op(self, other) with Tensor or Scalar other.
 void lower_binary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
+  if (std::strcmp(rule_data(node), "stablehlo.multiply") == 0 && scalar_other_kept_unrounded(ctx, node, out)) {
+    ctx.set_result(binary_with_unrounded_scalar(ctx, node, out, "stablehlo.multiply"));
+    return;
+  }
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
   ctx.set_result(ctx.binary(rule_data(node), a, b));
@@ -62,8 +83,12 @@ void lower_div(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   std::string mode = rule_data(node) ? rule_data(node) : "";
   if (node.args.size() > 2 && node.args[2].kind == Arg::Kind::String) mode = node.args[2].s;
+  if (mode.empty() && scalar_other_kept_unrounded(ctx, node, out)) {
+    ctx.set_result(binary_with_unrounded_scalar(ctx, node, out, "stablehlo.divide"));
+    return;
+  }
   if (is_floating(out.dtype) || is_complex(out.dtype)) {  // complex: no rounding modes (not registered)
-    Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
+    Ex e = operands_ex(ctx, out);
     V a = e.arg(node, 0), b = e.arg(node, 1);
     V q = ctx.binary("stablehlo.divide", a, b);
     if (mode == "trunc") {
@@ -160,12 +185,21 @@ void lower_identity(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.convert(ctx.input(node, 0), ctx.out(node).dtype));
 }
 
-LOWERING("aten::add.Tensor", lower_add_sub, "stablehlo.add", kTakesComplex);
-LOWERING("aten::add.Scalar", lower_add_sub, "stablehlo.add", kTakesComplex);
-LOWERING("aten::sub.Tensor", lower_add_sub, "stablehlo.subtract", kTakesComplex);
-LOWERING("aten::sub.Scalar", lower_add_sub, "stablehlo.subtract", kTakesComplex);
-LOWERING("aten::rsub.Tensor", lower_rsub, nullptr, kTakesComplex);
-LOWERING("aten::rsub.Scalar", lower_rsub, nullptr, kTakesComplex);
+// A bool alpha takes bool results only ("Boolean alpha only supported for Boolean results").
+DTypeSet alpha_refuses(const std::vector<Arg>& args) {
+  return args.size() > 2 && args[2].kind == Arg::Kind::Bool ? kAllDTypes & ~kBoolDTypes : 0;
+}
+constexpr RuleFlags kAdd{.complex = true, .refuses_for = alpha_refuses};
+LOWERING("aten::add.Tensor", lower_add_sub, "stablehlo.add", kAdd);
+LOWERING("aten::add.Scalar", lower_add_sub, "stablehlo.add", kAdd);
+// CPU's sub refuses a bool operand, tensor or Python bool ("Subtraction, the `-` operator, with
+// a bool tensor is not supported"); PyTorch's meta kernel refuses two bools only.
+constexpr RuleFlags kSub{.complex = true, .refuses = kBoolDTypes, .judged_on = Judged::Operands,
+                         .refuses_for = alpha_refuses};
+LOWERING("aten::sub.Tensor", lower_add_sub, "stablehlo.subtract", kSub);
+LOWERING("aten::sub.Scalar", lower_add_sub, "stablehlo.subtract", kSub);
+LOWERING("aten::rsub.Tensor", lower_rsub, nullptr, kSub);
+LOWERING("aten::rsub.Scalar", lower_rsub, nullptr, kSub);
 LOWERING("aten::mul.Tensor", lower_binary, "stablehlo.multiply", kTakesComplex);
 LOWERING("aten::mul.Scalar", lower_binary, "stablehlo.multiply", kTakesComplex);
 LOWERING("aten::div.Tensor", lower_div, nullptr, kTakesComplex);

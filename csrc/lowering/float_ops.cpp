@@ -183,7 +183,7 @@ void lower_hypot(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   DType dt = compute_dtype(out.dtype);
   if (dt == DType::Float32 && ctx.has_float64()) dt = DType::Float64;
-  Ex e = make_ex(ctx, dt, out.shape);
+  Ex e = operands_ex(ctx, out, dt);
   V a = e.un("stablehlo.abs", e.arg(node, 0)), b = e.un("stablehlo.abs", e.arg(node, 1));
   V hi = e.max(a, b), lo = e.min(a, b);
   V ratio = e.div(lo, hi);

@@ -372,6 +372,18 @@ void lower_pow(LoweringContext& ctx, const Node& node) {
     }
     Ex e = make_ex(ctx, out.dtype, out.shape);
     V a = e.arg(node, 0), b = e.arg(node, 1);
+    if (out.dtype == DType::UInt8) {
+      // Square and multiply over the exponent's 8 bits, wrapping mod 256 as CPU does (a negative
+      // int8 exponent is converted to uint8 first: 5 ** -1 is 5 ** 255 = 205). XLA's power gives 0.
+      V result = e.k(1), base = a, zero = e.k(0);
+      for (int bit = 0; bit < 8; ++bit) {
+        V set = e.cmp("NE", ctx.binary("stablehlo.and", b, e.k(1 << bit)), zero);
+        result = e.sel(set, e.mul(result, base), result);
+        base = e.mul(base, base);
+      }
+      ctx.set_result(result);
+      return;
+    }
     V p = ctx.binary("stablehlo.power", a, b);
     if (is_signed_integer(out.dtype)) {
       // Negative exponents: 1 for base 1, +-1 for base -1, else 0 (PyTorch's powi).
@@ -384,7 +396,7 @@ void lower_pow(LoweringContext& ctx, const Node& node) {
     ctx.set_result(p);
     return;
   }
-  Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
+  Ex e = operands_ex(ctx, out);
   V a = e.arg(node, 0), b = e.arg(node, 1);
   ctx.set_result(ctx.convert(ctx.binary("stablehlo.power", a, b), out.dtype));
 }
@@ -392,7 +404,7 @@ void lower_pow(LoweringContext& ctx, const Node& node) {
 // atan2(self, other)
 void lower_atan2(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
+  Ex e = operands_ex(ctx, out);
   ctx.set_result(ctx.convert(ctx.binary("stablehlo.atan2", e.arg(node, 0), e.arg(node, 1)), out.dtype));
 }
 
@@ -400,7 +412,7 @@ void lower_atan2(LoweringContext& ctx, const Node& node) {
 // give that infinity (the difference would be NaN).
 void lower_logaddexp(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
+  Ex e = operands_ex(ctx, out);
   V a = e.arg(node, 0), b = e.arg(node, 1);
   V hi = e.max(a, b);
   V d = e.un("stablehlo.negate", e.un("stablehlo.abs", e.sub(a, b)));
@@ -442,8 +454,7 @@ void lower_log_sigmoid_backward(LoweringContext& ctx, const Node& node) {
 // remainder (Python sign: result has the divisor's sign) and fmod (C sign).
 void lower_remainder(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  bool half = compute_dtype(out.dtype) != out.dtype;
-  Ex e = make_ex(ctx, half ? DType::Float32 : out.dtype, out.shape);
+  Ex e = operands_ex(ctx, out);
   V a = e.arg(node, 0), b = e.arg(node, 1);
   if (!is_floating(out.dtype)) check_integer_divisor(ctx, node, 1, b);
   V mod = ctx.binary("stablehlo.remainder", a, b);
@@ -692,9 +703,16 @@ LOWERING("aten::_efficientzerotensor", lower_zero_tensor);
 
 // pow computes in its arguments' promoted dtype, and CPU refuses bool there: pow of two bools
 // raises although its meta kernel gives int64 (bool ** 2 is an int64 pow and runs).
+// An integer base to a negative Python int raises on CPU ("Integers to negative integer powers
+// are not allowed"); a negative exponent tensor computes.
+DTypeSet pow_refuses(const std::vector<Arg>& args) {
+  return args.size() > 1 && args[1].kind == Arg::Kind::Int && args[1].i < 0 ? kIntegerDTypes : 0;
+}
 constexpr RuleFlags kPow{.complex = true, .refuses = kBoolDTypes, .judged_on = Judged::Promoted};
+constexpr RuleFlags kPowScalar{.complex = true, .refuses = kBoolDTypes, .judged_on = Judged::Promoted,
+                               .refuses_for = pow_refuses};
 LOWERING("aten::pow.Tensor_Tensor", lower_pow, nullptr, kPow);
-LOWERING("aten::pow.Tensor_Scalar", lower_pow, nullptr, kPow);
+LOWERING("aten::pow.Tensor_Scalar", lower_pow, nullptr, kPowScalar);
 LOWERING("aten::pow.Scalar", lower_pow, nullptr, kPow);
 LOWERING("aten::atan2", lower_atan2);
 LOWERING("aten::logaddexp", lower_logaddexp, "e", kFloatOnly);

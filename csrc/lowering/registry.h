@@ -28,6 +28,8 @@ enum class Judged : uint8_t {
   Self,      // its first tensor argument's: argmax of bools gives int64 yet is refused
   Promoted,  // its tensor and Scalar arguments' promoted dtype (PyTorch's result_type), which CPU
              // computes in: pow of two bools is refused although its meta kernel gives int64
+  Operands,  // each of its `self` and `other` arguments' (a Python bool is Bool): CPU's sub refuses
+             // float - bool, which PyTorch's meta kernel passes
 };
 
 using RefusalFn = DTypeSet (*)(const std::vector<Arg>& args);

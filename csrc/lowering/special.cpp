@@ -828,7 +828,7 @@ void lower_polygamma(LoweringContext& ctx, const Node& node) {
 // Binary special functions of (self, other), Tensor or Scalar each.
 void lower_special_binary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
+  Ex e = operands_ex(ctx, out);
   std::string f = rule_data(node);
   V a = e.arg(node, 0), b = e.arg(node, 1);
   V r;

@@ -494,6 +494,12 @@ class JaxlibRuntime final : public Runtime {
       for (int r = 0; r < replicas; ++r) rows[r] = py::make_tuple(replica_devices[r]);
     }
     build.attr("device_assignment") = xla_client_.attr("DeviceAssignment").attr("create")(numpy_.attr("array")(rows));
+    // Off, every op's float16/bfloat16 result is rounded, as eager PyTorch rounds each op's
+    // result: XLA's default keeps a fused chain's intermediates in float32 (x.abs() + 0.5 fed
+    // to pow unrounded), so a fused graph would differ from the same ops run one by one.
+    py::list overrides;
+    overrides.append(py::make_tuple("xla_allow_excess_precision", compile.excess_precision));
+    options.attr("env_option_overrides") = overrides;
     return options;
   }
 

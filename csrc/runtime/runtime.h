@@ -41,8 +41,11 @@ void rethrow_if_interrupt();
 struct CompileOptions {
   int device = 0;
   std::vector<int64_t> replica_devices;
+  // Whether XLA may keep a fused chain's float16/bfloat16 intermediates unrounded (XLA's
+  // xla_allow_excess_precision). Off: each op's result is rounded, as in eager PyTorch.
+  bool excess_precision = false;
   std::string describe() const {
-    std::string out = "device=" + std::to_string(device);
+    std::string out = "device=" + std::to_string(device) + " excess_precision=" + (excess_precision ? "1" : "0");
     if (!replica_devices.empty()) {
       out += " replicas=";
       for (int64_t id : replica_devices) out += std::to_string(id) + ",";

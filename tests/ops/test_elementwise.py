@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from utils import check
+from utils import check, check_error
 
 import torchtpu
 from utils import assert_close, to_cpu, to_tpu
@@ -248,6 +248,82 @@ def test_int_pow(mode):
     check(lambda b: b.pow(2), base.to(torch.int8))
     check(lambda e: 2 ** e, exp.clamp(min=0))
     check(lambda b: b ** 2.0, base)  # int tensor ** float -> float
+
+
+def test_uint8_pow_wraps_like_cpu(mode):
+    # CPU converts the exponent to uint8 (-1 is 255) and wraps mod 256: 5 ** 255 = 205.
+    base = torch.tensor([5, 4, 3, 255, 0, 1, 2, 7], dtype=torch.uint8)
+    check(torch.pow, base, torch.tensor(-1, dtype=torch.int8))
+    check(torch.pow, base, torch.tensor([255, 3, 200, 7, 0, 9, 8, 129], dtype=torch.uint8))
+    check(lambda b: b ** 3, base)
+
+
+@pytest.mark.parametrize("case", [
+    "float - bool", "bool - float", "bool - int", "float - True", "bool - True", "rsub(bool, 1.0)",
+    "rsub(float, True)", "sub(alpha=True)", "add(alpha=True)", "int ** -1", "bool ** -1", "int8 ** -2"])
+def test_refused_arithmetic_raises_like_cpu(mode, case):
+    f, b, i = torch.ones(3), torch.tensor([True, False, True]), torch.tensor([5, 4, -1])
+    fn, args = {
+        "float - bool": (lambda x, y: x - y, (f, b)),
+        "bool - float": (lambda x, y: x - y, (b, f)),
+        "bool - int": (lambda x: x - 1, (b,)),
+        "float - True": (lambda x: x - True, (f,)),
+        "bool - True": (lambda x: x - True, (b,)),
+        "rsub(bool, 1.0)": (lambda x: torch.rsub(x, 1.0), (b,)),
+        "rsub(float, True)": (lambda x: torch.rsub(x, True), (f,)),
+        "sub(alpha=True)": (lambda x: torch.sub(x, x, alpha=True), (f,)),
+        "add(alpha=True)": (lambda x: torch.add(x, x, alpha=True), (f,)),
+        "int ** -1": (lambda x: x ** -1, (i,)),
+        "bool ** -1": (lambda x: x ** -1, (b,)),
+        "int8 ** -2": (lambda x: x.pow(-2), (i.to(torch.int8),)),
+    }[case]
+    check_error(fn, *args)
+
+
+def test_bool_alpha_and_negative_powers_still_compute_where_cpu_does(mode):
+    b, i = torch.tensor([True, False, True]), torch.tensor([5, 1, -1, 2])
+    check(lambda x: torch.add(x, x, alpha=True), b)
+    check(lambda x: (x ** torch.tensor(-1), x ** -1.0, x - 1, x ** 0), i)
+
+
+# Reduced-precision results with a float32 0-d tensor or a Python float: CPU converts the operand
+# to the result dtype first (5.3241 becomes 5.3125 in bfloat16), then computes in float32; tpu
+# used to compute with the unrounded operand (5.3241 // -2.6562 gave -3, CPU -2).
+REDUCED_OPERAND_OPS = {
+    "floor_divide": torch.floor_divide, "remainder": torch.remainder, "fmod": torch.fmod,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "pow": torch.pow, "atan2": torch.atan2, "logaddexp": torch.logaddexp, "xlogy": torch.xlogy,
+    "hypot": torch.hypot,
+}
+
+
+@pytest.mark.parametrize("op", list(REDUCED_OPERAND_OPS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_operands_round_to_the_result_dtype_first(mode, op, dtype):
+    fn = REDUCED_OPERAND_OPS[op]
+    g = torch.Generator().manual_seed(1)
+    x = (torch.rand(16, generator=g) * 8 - 4).to(dtype)
+    if op in ("pow", "xlogy"):
+        x = x.abs() + 0.5
+    wide = torch.tensor(2.0557768, dtype=torch.float32)  # 2.0625 in bfloat16, 2.0566 in float16
+    # Exact for the rounding ops; 1e-3 (a quarter of a bfloat16 step) for the others, whose float32
+    # results differ from CPU's in the last bits only.
+    # xlogy: CPU's bfloat16/float16 kernel rounds log(y) before the product (one step, 1e-2).
+    tol = dict(rtol=0, atol=0) if op in ("floor_divide", "remainder", "fmod", "div_floor", "div_trunc") else \
+        dict(rtol=1e-2, atol=1e-2) if op == "xlogy" else dict(rtol=1e-3, atol=1e-3)
+    check(lambda a, s: (fn(a, s), fn(s, a.abs() + 0.5 if op in ("pow", "xlogy") else a)), x, wide, **tol)
+    if op not in ("atan2", "logaddexp", "hypot"):  # these take no Python number
+        check(lambda a: fn(a, 2.0557768), x, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_reduced_precision_chain_rounds_each_op_as_eager(mode, dtype):
+    # One graph in fused mode: XLA would keep the intermediates in float32 (excess precision)
+    # and differ from CPU, which rounds every op's result; 1 of 16 pow results did.
+    g = torch.Generator().manual_seed(2)
+    x, y = [(torch.rand(4096, generator=g) * 6 - 3).to(dtype) for _ in range(2)]
+    check(lambda x, y: ((x * 1.37 + 0.5).abs() + 0.25) * y - x / (y.abs() + 1), x, y, rtol=0, atol=0)
 
 
 def test_remainder_scalar_tensor(mode):
