@@ -1,7 +1,6 @@
 // Elementwise lowerings: unary math, binary arithmetic, comparisons, logical ops, where.
 // Each family is one function; the rule's `data` names the StableHLO op.
 #include <cmath>
-#include <cstring>
 
 #include "lowering/common.h"
 
@@ -27,13 +26,18 @@ V binary_with_unrounded_scalar(LoweringContext& ctx, const Node& node, const Ten
 // Binary arithmetic computed in the result dtype: op(self, other) with Tensor or Scalar other.
 void lower_binary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  if (std::strcmp(rule_data(node), "stablehlo.multiply") == 0 && scalar_other_kept_unrounded(ctx, node, out)) {
-    ctx.set_result(binary_with_unrounded_scalar(ctx, node, out, "stablehlo.multiply"));
-    return;
-  }
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
   ctx.set_result(ctx.binary(rule_data(node), a, b));
+}
+
+// mul: as lower_binary, but a scalar `other` of a float16/bfloat16 product stays unrounded.
+void lower_mul(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  if (scalar_other_kept_unrounded(ctx, node, out))
+    ctx.set_result(binary_with_unrounded_scalar(ctx, node, out, "stablehlo.multiply"));
+  else
+    lower_binary(ctx, node);
 }
 
 // x * alpha, where alpha is the optional Scalar argument 2 of add/sub/rsub (skipped when it
@@ -200,8 +204,8 @@ LOWERING("aten::sub.Tensor", lower_add_sub, "stablehlo.subtract", kSub);
 LOWERING("aten::sub.Scalar", lower_add_sub, "stablehlo.subtract", kSub);
 LOWERING("aten::rsub.Tensor", lower_rsub, nullptr, kSub);
 LOWERING("aten::rsub.Scalar", lower_rsub, nullptr, kSub);
-LOWERING("aten::mul.Tensor", lower_binary, "stablehlo.multiply", kTakesComplex);
-LOWERING("aten::mul.Scalar", lower_binary, "stablehlo.multiply", kTakesComplex);
+LOWERING("aten::mul.Tensor", lower_mul, "stablehlo.multiply", kTakesComplex);
+LOWERING("aten::mul.Scalar", lower_mul, "stablehlo.multiply", kTakesComplex);
 LOWERING("aten::div.Tensor", lower_div, nullptr, kTakesComplex);
 LOWERING("aten::div.Scalar", lower_div, nullptr, kTakesComplex);
 LOWERING("aten::div.Tensor_mode", lower_div, nullptr, kNoBool);
