@@ -12,6 +12,7 @@
 #include "device/export.h"
 #include "device/generator.h"
 #include "device/interop.h"
+#include "device/kernel_overrides.h"
 #include "device/kernels.h"
 #include "device/memory.h"
 #include "device/snapshot.h"
@@ -195,6 +196,27 @@ PYBIND11_MODULE(_C, m) {
                             std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   });
   // ---- end of torch.distributed block -------------------------------------------------------
+  // ---- kernels at dispatch keys every device goes through (torchtpu/_patches.py lists them) ---
+  m.def("kernel_overrides", [] {
+    py::list out;
+    for (const KernelOverrideInfo& info : kernel_overrides()) {
+      py::dict d;
+      d["name"] = info.name;
+      d["key"] = info.key;
+      d["rule"] = info.rule;
+      d["replaces"] = info.replaces;
+      d["ops"] = info.ops;
+      d["active"] = info.active;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("restore_kernel_override", &restore_kernel_override);
+  m.def("check_kernel_override", [](const std::string& name, const std::string& op, const std::string& key,
+                                    bool replaces) {
+    check_kernel_override(name, op, c10::parseDispatchKey(key),
+                          replaces ? OverrideKind::Replaces : OverrideKind::Adds);
+  });
   m.def("platform", [] { return runtime().platform(); });
   m.def("runtime_version", [] { return runtime().version(); });
   m.def("device_count", [] { return device_count(); });
