@@ -177,17 +177,7 @@ def test_transformer_block_fullgraph_training_adamw():
         torch.testing.assert_close(a.detach().cpu(), b, rtol=1e-4, atol=1e-5)
 
 
-def _eager_conv_works():
-    try:
-        F.conv2d(torch.randn(1, 1, 3, 3).to("tpu"), torch.randn(1, 1, 2, 2).to("tpu")).cpu()
-        return True
-    except NotImplementedError:
-        return False
-
-
 def test_small_cnn_fullgraph():
-    if not _eager_conv_works():
-        pytest.skip("eager tpu has no convolution yet (convolution_overrideable is not implemented)")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64, 5))
     x = torch.randn(2, 3, 8, 8)
