@@ -113,6 +113,9 @@ def real_float_only(name: str, floats: tuple = _FLOATS):
         def checked(*args, **kwargs):
             tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
             if all(t.dtype in floats + _TAKEN for t in tensors) and any(t.dtype in floats for t in tensors):
+                if _C.explaining():
+                    _C.explain_route(f"aten::{name}", "JAX kernel", "torchtpu/_linalg.py: jax.lax.linalg, inlined "
+                                     "as StableHLO (torchtpu::call_stablehlo)")
                 return fn(*args, **kwargs)
             return _on_cpu(name, args, kwargs)
 
@@ -124,7 +127,8 @@ def real_float_only(name: str, floats: tuple = _FLOATS):
 def _on_cpu(name, args, kwargs):
     """PyTorch's CPU kernel decides, through the one CPU fallback path (device/cpu_fallback.cpp):
     its error when it raises (no fallback), else a counted fallback under TORCHTPU_FALLBACK."""
-    return _C.cpu_kernel_decides(f"aten::{name}", "", *args, **kwargs)
+    return _C.cpu_kernel_decides(f"aten::{name}", "", "the JAX kernel takes real float matrices only", *args,
+                                 **kwargs)
 
 
 def raise_errors(info: torch.Tensor, api: str, a: torch.Tensor):

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "device/explain.h"
 #include "device/kernel_overrides.h"
 #include "device/kernels.h"
 
@@ -99,16 +100,32 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     size_t n = op.schema().arguments().size();
     check_op_devices(op, name, std::vector<c10::IValue>(stack->end() - n, stack->end()));
     const LoweringRule* rule = info.rule;
-    if (record_data_dependent(name, op, rule, stack)) return;
-    if (rule && !op.schema().is_mutable()) {
-      if (!record_op(op, rule, stack)) cpu_kernel_decides(op, stack);
+    // Each route reports itself to TORCHTPU_EXPLAIN (device/explain.h; free while off).
+    if (record_data_dependent(name, op, rule, stack)) {
+      explain_route(name, "data-dependent shape", "the size is read on the host, then the op is lowered at it");
       return;
     }
-    if (!rule && is_view_op(op.schema()) && record_raw_view(op, stack, false)) return;
-    if (!rule && is_inplace_view_op(name) && record_raw_view(op, stack, true)) return;
-    if (!rule && op.schema().is_mutable() && record_mutable(op, stack)) return;
-    if (!rule && name.rfind("aten::_foreach_", 0) == 0 && !op.schema().is_mutable() && decompose_foreach(op, stack))
+    if (rule && !op.schema().is_mutable()) {
+      if (!record_op(op, rule, stack)) cpu_kernel_decides(op, stack);  // each reports its route
       return;
+    }
+    if (!rule && is_view_op(op.schema()) && record_raw_view(op, stack, false)) {
+      explain_route(name, "view below functionalization", "a composite kernel's view of an inner tensor: "
+                    "gathered from its root when read, scattered into it when written");
+      return;
+    }
+    if (!rule && is_inplace_view_op(name) && record_raw_view(op, stack, true)) {
+      explain_route(name, "in-place view below functionalization", "restrides the inner tensor's view of its root");
+      return;
+    }
+    if (!rule && op.schema().is_mutable() && record_mutable(op, stack)) {
+      explain_route(name, "in-place or out= below functionalization", "its functional op runs, then the value is swapped in");
+      return;
+    }
+    if (!rule && name.rfind("aten::_foreach_", 0) == 0 && !op.schema().is_mutable() && decompose_foreach(op, stack)) {
+      explain_route(name, "foreach decomposed", "one op per tensor, each routed on its own");
+      return;
+    }
     cpu_fallback(op, stack);
   });
 }

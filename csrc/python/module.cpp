@@ -11,6 +11,7 @@
 #include "device/capture.h"
 #include "device/export.h"
 #include "device/generator.h"
+#include "device/explain.h"
 #include "device/interop.h"
 #include "device/kernel_overrides.h"
 #include "device/kernels.h"
@@ -198,6 +199,23 @@ PYBIND11_MODULE(_C, m) {
                             std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   });
   // ---- end of torch.distributed block -------------------------------------------------------
+  // ---- TORCHTPU_EXPLAIN and torchtpu.explain() (device/explain.h) ----------------------------
+  m.def("explain_print", [](std::vector<std::string> ops) {
+    explain_print(std::move(ops), [](const std::string& line) {
+      py::gil_scoped_acquire gil;
+      py::module_::import("sys").attr("stderr").attr("write")(line + "\n");
+    });
+  });
+  m.def("explain_start", &explain_start_collecting);
+  m.def("explain_stop", [] {
+    py::list out;
+    for (const ExplainedRoute& r : explain_stop_collecting()) out.append(py::make_tuple(r.op, r.route, r.detail, r.count));
+    return out;
+  });
+  m.def("explaining", &explaining);
+  m.def("explain_route", [](const std::string& op, const std::string& route, const std::string& detail) {
+    if (explaining()) report_route(op, route, detail);
+  });
   // ---- kernels at dispatch keys every device goes through (torchtpu/_patches.py lists them) ---
   m.def("kernel_overrides", [] {
     py::list out;
