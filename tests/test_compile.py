@@ -171,10 +171,10 @@ def test_transformer_block_fullgraph_training_adamw():
         opt.step()
         losses.append(loss.detach().cpu())
     # Ops without a tpu lowering yet (layer_norm, gelu, amax, ...) run on CPU inside the
-    # compiled graph; results must match regardless. Tolerance: softmax/layernorm in f32.
-    torch.testing.assert_close(torch.stack(losses), cpu_losses, rtol=1e-4, atol=1e-5)
+    # compiled graph; results must match regardless (measured within 1e-2 of this tolerance).
+    torch.testing.assert_close(torch.stack(losses), cpu_losses, rtol=1e-5, atol=1e-5)
     for a, b in zip(tpu_model.parameters(), cpu_params):
-        torch.testing.assert_close(a.detach().cpu(), b, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.detach().cpu(), b, rtol=1e-5, atol=1e-5)
 
 
 def test_small_cnn_fullgraph():

@@ -30,6 +30,11 @@ def to_cpu(obj):
     return obj
 
 
+# float16/bfloat16 results: XLA and CPU may round a result, or an intermediate they keep in
+# float32, one step apart (bfloat16's step is 2^-8 = 3.9e-3 relative, float16's 2^-11).
+HALF_PRECISION = dict(rtol=1e-2, atol=1e-2)
+
+
 def assert_close(actual, expected, rtol=1e-5, atol=1e-5, equal_nan=True):
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual)}"

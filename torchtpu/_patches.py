@@ -111,7 +111,7 @@ def table(with_state: bool = False) -> str:
     header = ["change", "kind", "when", "targets"] + (["now"] if with_state else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for entry in entries():
-        cells = list(entry.row()) + (["installed" if installed(entry.name) else "not yet"] if with_state else [])
+        cells = list(entry.row()) + (["installed" if installed(entry.name) else "not installed"] if with_state else [])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
