@@ -86,17 +86,6 @@ def test_the_registry_is_the_table_in_the_architecture_doc():
     assert documented == expected
 
 
-def test_the_command_lists_every_entry():
-    result = run_python("import runpy, sys; sys.argv = ['torchtpu', 'patches']; runpy.run_module('torchtpu', "
-                        "run_name='__main__')", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for entry in _patches.entries():
-        assert f"| {entry.name} | {entry.kind} | {entry.when} |" in result.stdout
-    assert "| functional check | torch attribute | import | `torch._is_functional_tensor` | installed |" \
-        in result.stdout
-    assert "| compile cache | torch attribute | torch.compile |" in result.stdout
-
-
 def _python_patch_names():
     _patches.entries()  # imports the modules that register patches
     return list(_patches.PATCHES)
@@ -228,9 +217,14 @@ def test_a_torch_whose_kernels_changed_fails_the_import_and_keeps_none_of_torcht
     assert "TO_COPY False" in result.stdout  # the entry registered before it is gone too
 
 
-def test_a_kernel_entry_can_be_undone():
+def test_the_command_lists_every_entry_and_a_kernel_entry_can_be_undone():
     result = run_python("""
-        import torch, torchtpu
+        import runpy, sys, torch
+        sys.argv = ["torchtpu", "patches"]
+        try:
+            runpy.run_module("torchtpu", run_name="__main__")  # python -m torchtpu patches
+        except SystemExit as exit:
+            print("EXIT", exit.code)
         from torchtpu import _patches
         def meta_line():
             return [l for l in torch._C._dispatch_dump("aten::add_.Tensor").splitlines() if l.startswith("Meta:")][0]
@@ -243,6 +237,12 @@ def test_a_kernel_entry_can_be_undone():
         print("VALUE", x.cpu().tolist())
     """, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    for entry in _patches.entries():
+        assert f"| {entry.name} | {entry.kind} | {entry.when} |" in result.stdout
+    assert "| functional check | torch attribute | import | `torch._is_functional_tensor` | installed |" \
+        in result.stdout
+    assert "| compile cache | torch attribute | torch.compile |" in result.stdout
+    assert "EXIT 0" in result.stdout
     assert "BEFORE True True" in result.stdout
     assert "AFTER False True False" in result.stdout
     assert "VALUE [3.0, 3.0, 3.0]" in result.stdout
