@@ -96,6 +96,20 @@ def section_layout():
         "printed": str(xs) == str(x)[:-1] + f", device='{xs.device}')",
         "cpu_equal": torch.equal(xs.cpu(), x),
     }
+    # Resharding a value on the mesh, and sharding one still pending on its first device, are
+    # graph ops (XLA moves the data); a sharding constraint on an activation passes gradients.
+    other_axis = MODEL_AXIS or "data"
+    resharded = spmd.shard(xs, MESH, (None, other_axis))
+    pending = spmd.shard(torch.ones(8, 6, device=xs.device) * 2, MESH, ("data",))
+    leaf = torch.ones(8, 6, device=xs.device, requires_grad=True)
+    activation = spmd.shard(leaf * 3, MESH, ("data",))
+    activation.sum().backward()
+    results["layout"].update({
+        "resharded_hlo": spmd.sharding(resharded).hlo, "resharded_equal": torch.equal(resharded.cpu(), x),
+        "pending_hlo": spmd.sharding(pending).hlo, "pending_equal": torch.equal(pending.cpu(), torch.full((8, 6), 2.0)),
+        "constraint_grad": torch.equal(leaf.grad.cpu(), torch.full((8, 6), 3.0)),
+        "leaf_requires_grad": spmd.shard(leaf.detach().requires_grad_(), MESH).requires_grad,
+    })
 
 
 def gpt_losses(sharded, steps=3):

@@ -67,6 +67,15 @@ def test_layout_pieces_memory_and_printing(eight):
     assert layout["printed"] and layout["cpu_equal"]
 
 
+def test_resharding_pending_values_and_gradients(eight):
+    layout = eight["layout"]
+    assert layout["resharded_hlo"] == "{devices=[1,2,4]0,2,4,6,1,3,5,7 last_tile_dim_replicate}"
+    assert layout["resharded_equal"]
+    assert layout["pending_hlo"] == "{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
+    assert layout["pending_equal"]
+    assert layout["constraint_grad"] and layout["leaf_requires_grad"]
+
+
 def test_one_device_mesh_runs_the_same_code(one):
     layout = one["layout"]
     assert layout["hlo"] == "{replicated}" and layout["shard_devices"] == ["tpu:0"]

@@ -135,17 +135,34 @@ def _layout(mesh: Mesh, spec: Sequence, shape: Sequence[int], what: str):
     return tiles, replicas, positions.flatten().tolist()
 
 
+class _Shard(torch.autograd.Function):
+    """shard() of a tensor autograd tracks: the gradient flows back unchanged (its layout is
+    XLA's choice, as for any intermediate)."""
+
+    @staticmethod
+    def forward(ctx, tensor, mesh_c, tiles, replicas, assignment):
+        return _C.spmd_shard(tensor, mesh_c, tiles, replicas, assignment)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None, None
+
+
 def shard(tensor: torch.Tensor, mesh: Mesh, spec: Sequence = (), *, name: str | None = None) -> torch.Tensor:
     """`tensor`'s contents laid out over `mesh`: spec entry d names the mesh axis (or tuple of
     axes) dimension d is cut along, None keeps it whole; axes no entry names hold copies.
     `shard(t, mesh)` replicates. Returns a new tensor (on the mesh's first device, with t's
-    global shape); a CPU tensor is uploaded shard by shard. `name` only names it in errors."""
+    global shape); a CPU tensor is uploaded shard by shard. Of a leaf, the result is a leaf
+    that requires grad as t does; of an intermediate, it is differentiable (a sharding
+    constraint on an activation). `name` only names the tensor in errors."""
     if not isinstance(mesh, Mesh):
         raise TypeError(f"torchtpu.spmd.shard expects a torchtpu.spmd.Mesh, got {type(mesh).__name__}")
     tiles, replicas, assignment = _layout(mesh, spec, tensor.shape, _describe(tensor, name))
-    out = _C.spmd_shard(tensor, mesh._c, tiles, replicas, assignment)
-    out.requires_grad_(tensor.requires_grad and tensor.is_leaf)
-    return out
+    if tensor.requires_grad and not tensor.is_leaf:
+        return _Shard.apply(tensor, mesh._c, tiles, replicas, assignment)
+    with torch.no_grad():
+        out = _C.spmd_shard(tensor, mesh._c, tiles, replicas, assignment)
+    return out.requires_grad_(tensor.requires_grad)
 
 
 def sharding(tensor: torch.Tensor) -> Sharding | None:
