@@ -200,6 +200,39 @@ def section_compile():
     results["compile"] = out
 
 
+def section_cpu_model():
+    """fully_shard of a model still on CPU (BatchNorm: replicated buffers updated in place),
+    trained 2 steps against the same model on one device."""
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 8))
+
+    def train(model, place):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for step in range(2):
+            g = torch.Generator().manual_seed(step)
+            loss = model(place(torch.randn(16, 16, generator=g))).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return {k: v.cpu() for k, v in model.state_dict().items()}
+
+    want = train(make().to(f"tpu:{MESH.devices[0]}"), lambda t: t.to(f"tpu:{MESH.devices[0]}"))
+    model = make()
+    weight = model[0].weight
+    torch.tpu.reset_peak_memory_stats(MESH.devices[0])
+    spmd.fully_shard(model, MESH)
+    peak = torch.tpu.max_memory_allocated(MESH.devices[0])
+    identity = model[0].weight is weight and isinstance(weight, torch.nn.Parameter)
+    got = train(model, lambda t: spmd.shard(t, MESH, (MESH.axis_names,)))
+    params = sum(p.numel() * 4 for p in model.parameters())
+    results["cpu_model"] = {
+        "identity": identity, "first_device_peak": peak, "param_bytes": params,
+        "errors": {k: float((got[k].double() - want[k].double()).abs().max()) for k in want},
+        "buffers_on_mesh": all(spmd.mesh_devices(b) == MESH.devices for b in model.buffers()),
+    }
+
+
 def section_checkpoint():
     """torch.save / DCP of a sharded model: loads into one device and into another mesh."""
     import torch.distributed.checkpoint as dcp

@@ -192,25 +192,34 @@ def _fsdp_spec(param: torch.Tensor, pieces: int, axes: tuple) -> tuple:
     return ()
 
 
+def _replace(tensor: torch.Tensor, sharded: torch.Tensor) -> None:
+    """Gives `tensor` (a parameter or buffer, which modules and optimizers hold by identity)
+    the sharded contents. A CPU model is uploaded shard by shard, never whole to one device."""
+    if tensor.device.type == "tpu":
+        tensor.data = sharded
+    else:  # .data cannot change a CPU tensor into a tpu one; swapping keeps the Python object
+        replacement = torch.nn.Parameter(sharded, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) \
+            else sharded
+        torch.utils.swap_tensors(tensor, replacement)
+
+
 def fully_shard(model: torch.nn.Module, mesh: Mesh, axes: Sequence[str] | None = None) -> torch.nn.Module:
     """Shards `model` FSDP-style over `mesh` and its batch data-parallel; returns the model.
 
     Each parameter is cut along its first dimension that divides by the product of `axes`
     (default: every mesh axis) and stays whole (replicated) if none does; buffers are
-    replicated. The parameters keep their identity, so optimizers made before still work.
+    replicated. The model may be on CPU (each device then receives only its shards) or on the
+    mesh's first device. Parameters keep their identity, so optimizers made before still work.
     A forward pre-hook cuts every tpu tensor argument along dim 0 (the batch) the same way;
     XLA then gathers parameters and reduces gradients inside the step's one executable.
     """
     axes = tuple(mesh.axis_names if axes is None else ((axes,) if isinstance(axes, str) else axes))
     pieces = math.prod(mesh.axis_size(a) for a in axes)
-    first = f"tpu:{mesh.devices[0]}"
     with torch.no_grad():
         for name, param in model.named_parameters():
-            data = param.data if param.device.type == "tpu" else param.data.to(first)
-            param.data = shard(data, mesh, _fsdp_spec(param, pieces, axes), name=name)
+            _replace(param, shard(param.detach(), mesh, _fsdp_spec(param, pieces, axes), name=name))
         for name, buffer in model.named_buffers():
-            data = buffer if buffer.device.type == "tpu" else buffer.to(first)
-            buffer.data = shard(data, mesh, (), name=name)
+            _replace(buffer, shard(buffer, mesh, (), name=name))
 
     def shard_batch(value):
         if (isinstance(value, torch.Tensor) and value.device.type == "tpu" and value.dim() > 0

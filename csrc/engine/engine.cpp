@@ -118,6 +118,30 @@ std::string argument_sharding(const Engine::Graph& g, size_t p) {
   return param->buffer && param->buffer->sharding ? param->buffer->sharding->hlo() : "{replicated}";
 }
 
+// Per root of a partitioned graph, the layout XLA must give it, or "" to let it choose: a
+// donated parameter's result keeps the parameter's layout (XLA aliases only buffers of one
+// shape per device, and parameters and optimizer state keep their sharding step after step);
+// torchtpu::shard's result is the user's.
+std::vector<std::string> fixed_result_layouts(const Engine::Graph& g) {
+  std::vector<std::string> layouts(g.roots.size());
+  for (size_t p = 0; p < g.params.size(); ++p)
+    if (g.aliasing.size() > p && g.aliasing[p] >= 0) layouts[static_cast<size_t>(g.aliasing[p])] = argument_sharding(g, p);
+  for (size_t r = 0; r < g.roots.size(); ++r) {
+    const ValuePtr& root = g.roots[r];
+    if (root->pending() && is_shard_node(*root->node)) layouts[r] = sharding_of_shard_node(*root->node).hlo();
+  }
+  return layouts;
+}
+
+// Which results of a partitioned graph's module keep the layout the module gives them
+// (CompileOptions::fixed_result_layouts): the roots above, and the runtime-check flags.
+std::vector<bool> fixed_results(const Engine::Graph& g, bool has_checks) {
+  std::vector<bool> fixed;
+  for (const std::string& layout : fixed_result_layouts(g)) fixed.push_back(!layout.empty());
+  if (has_checks) fixed.push_back(true);
+  return fixed;
+}
+
 }  // namespace
 
 void Engine::set_mode(Mode mode) {
@@ -841,6 +865,7 @@ Engine::CompiledPtr Engine::compile_graph(Graph& g) {
   options.device = g.device;
   options.replica_devices = g.replica_devices;
   options.mesh = g.mesh;
+  if (g.mesh) options.fixed_result_layouts = fixed_results(g, !compiled->checks.empty());
   // Executables are bound to their device: the options (device assignment) are in the key.
   CacheKey key = make_cache_key(text, rt.version(), rt.platform(), options.describe());
   if (load_from_disk(g, key, compiled.get())) return compiled;
@@ -1000,15 +1025,9 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
   if (!g.replica_devices.empty())
     module.set_attribute("mhlo.num_replicas", std::to_string(g.replica_devices.size()) + " : i32");
   if (g.mesh) {
-    // Results XLA must lay out as asked: a donated parameter's keeps its layout (parameters
-    // keep their sharding across steps), torchtpu::shard's are the user's.
-    for (size_t p = 0; p < g.params.size(); ++p)
-      if (g.aliasing[p] >= 0) module.set_result_attribute(g.aliasing[p], "mhlo.sharding", "\"" + argument_sharding(g, p) + "\"");
-    for (size_t r = 0; r < g.roots.size(); ++r) {
-      const ValuePtr& root = g.roots[r];
-      if (root->pending() && is_shard_node(*root->node))
-        module.set_result_attribute(r, "mhlo.sharding", "\"" + sharding_of_shard_node(*root->node).hlo() + "\"");
-    }
+    std::vector<std::string> layouts = fixed_result_layouts(g);
+    for (size_t r = 0; r < layouts.size(); ++r)
+      if (!layouts[r].empty()) module.set_result_attribute(r, "mhlo.sharding", "\"" + layouts[r] + "\"");
   }
   if (g.roots.empty())  // nodes compiled side by side (compiles_alone): all their results
     for (const auto& outputs : node_results) results.insert(results.end(), outputs.begin(), outputs.end());
@@ -1048,6 +1067,7 @@ bool Engine::load_from_disk(Graph& g, const CacheKey& key, Compiled* compiled) {
     options.device = g.device;
     options.replica_devices = g.replica_devices;
     options.mesh = g.mesh;
+    if (g.mesh) options.fixed_result_layouts = fixed_results(g, !compiled->checks.empty());
     compiled->executable = runtime().deserialize(bytes->substr(sizeof(int64_t)), options);
     compiled->memory_needed = memory_needed;
     metrics_.cache_hits_disk++;

@@ -556,9 +556,12 @@ class JaxlibRuntime final : public Runtime {
       build.attr("num_replicas") = 1;
       build.attr("num_partitions") = partitions;
       build.attr("use_spmd_partitioning") = true;
-      // Results without an mhlo.sharding get the sharding propagation gives them (as jax.jit's
+      // Results whose layout is not fixed get the one propagation gives them (as jax.jit's
       // unspecified out_shardings), not a replicated copy.
-      build.attr("allow_spmd_sharding_propagation_to_output") = py::make_tuple(true);
+      py::list propagate;
+      for (bool fixed : compile.fixed_result_layouts) propagate.append(!fixed);
+      if (compile.fixed_result_layouts.empty()) propagate.append(true);
+      build.attr("allow_spmd_sharding_propagation_to_output") = py::tuple(propagate);
       py::tuple row(partitions);
       for (int p = 0; p < partitions; ++p) row[p] = local_device(compile.mesh->devices[p]).attr("id");
       rows = py::make_tuple(row);

@@ -49,6 +49,10 @@ struct CompileOptions {
   // arguments' `mhlo.sharding` attributes from the module text, inserts the collectives and
   // chooses the shardings of results that have none. Null: a module of one device.
   MeshPtr mesh;
+  // Of a partitioned module, per result: whether its mhlo.sharding in the module must be kept
+  // (a result aliasing a donated argument, a sharding the user asked for) rather than
+  // replaced by the one propagation chooses. Decided by the module text, so not in describe().
+  std::vector<bool> fixed_result_layouts;
   std::string describe() const {
     std::string out = "device=" + std::to_string(device) + " excess_precision=" + (excess_precision ? "1" : "0");
     if (!replica_devices.empty()) {

@@ -595,6 +595,7 @@ void test_mesh_values_compile_to_one_partitioned_module(FakeRuntime& rt) {
   CHECK(rt.compiled.size() == before + 2);
   const std::string& partitioned = rt.compiled[before];  // meshes first
   CHECK(rt.compile_options[before].mesh == mesh);
+  CHECK(rt.compile_options[before].fixed_result_layouts == std::vector<bool>{true});  // the donated one
   CHECK(contains(partitioned, "mhlo.num_partitions = 2 : i32"));
   CHECK(contains(partitioned, "%arg0: tensor<4x3xf32> {tf.aliasing_output = 0 : i32, mhlo.sharding = \"{devices=[2,1]0,1}\"}"));
   CHECK(contains(partitioned, "%arg1: tensor<4x3xf32> {mhlo.sharding = \"{replicated}\"}"));
