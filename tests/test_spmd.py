@@ -29,14 +29,15 @@ def eight():
     return run_checks(8, "ops", "layout", "gpt", "optimizers", "compile", "cpu_model", "checkpoint", "errors")
 
 
+# Every mode on 8 devices; fused only on 4 and 1 (the modes share everything but the flush).
 @pytest.fixture(scope="module")
 def four():
-    return run_checks(4, "ops", "gpt", "checkpoint", "errors")
+    return run_checks(4, "ops_fused", "gpt", "checkpoint", "errors")
 
 
 @pytest.fixture(scope="module")
 def one():
-    return run_checks(1, "ops", "layout", "gpt")
+    return run_checks(1, "ops_fused", "layout", "gpt")
 
 
 # Reductions and cumsum over a sharded dimension add partial sums per device: the order of the
@@ -47,7 +48,8 @@ REORDERED = {"sum_sharded_dim", "sum_whole_dim", "cumsum", "matmul", "softmax"}
 @pytest.mark.parametrize("count", ["eight", "four", "one"])
 def test_ops_on_sharded_tensors_match_cpu_in_every_mode(count, request):
     ops = request.getfixturevalue(count)["ops"]
-    for mode in ("debug", "strict", "fused"):
+    assert set(ops) == ({"debug", "strict", "fused"} if count == "eight" else {"fused"})
+    for mode in ops:
         errors = ops[mode]["errors"]
         exact = {name for name, err in errors.items() if err == 0.0}
         assert exact >= set(errors) - REORDERED, (mode, errors)
