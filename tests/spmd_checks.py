@@ -304,6 +304,22 @@ def section_errors():
     results["errors"] = out
 
 
+def section_readme():
+    """The README's notebook cell (the block after "## All devices from one process"), as is."""
+    import re
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    text = open(os.path.join(root, "README.md")).read()
+    code = re.search(r"```python\n(.*?)```", text[text.index("## All devices from one process"):], re.S).group(1)
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    model = namespace["model"]
+    results["readme"] = {
+        "loss": namespace["loss"].item(),
+        "layouts": [spmd.sharding(p).hlo for p in model.parameters()],
+        "held": [torch.tpu.memory_allocated(d) for d in range(N)],
+    }
+
+
 SECTIONS = {name[len("section_"):]: fn for name, fn in globals().items() if name.startswith("section_")}
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ def run_checks(devices, *sections):
 
 @pytest.fixture(scope="module")
 def eight():
-    return run_checks(8, "ops", "layout", "gpt", "optimizers", "compile", "cpu_model", "checkpoint", "errors")
+    return run_checks(8, "ops", "layout", "gpt", "optimizers", "compile", "cpu_model", "checkpoint", "errors",
+                      "readme")
 
 
 # Every mode on 8 devices; fused only on 4 and 1 (the modes share everything but the flush).
@@ -37,7 +38,7 @@ def four():
 
 @pytest.fixture(scope="module")
 def one():
-    return run_checks(1, "ops_fused", "layout", "gpt")
+    return run_checks(1, "ops_fused", "layout", "gpt", "readme")
 
 
 # Reductions and cumsum over a sharded dimension add partial sums per device: the order of the
@@ -152,3 +153,12 @@ def test_errors_name_the_tensor_and_the_mesh(count, request):
     assert kind == "ValueError"
     assert "argument 'other' sharded over mesh (2,) ('data',) over tpu:0,2" in message
     assert "argument 'self' over mesh (2,) ('data',) over tpu:0..1" in message
+
+
+@pytest.mark.parametrize("count,devices", [("eight", 8), ("one", 1)])
+def test_readme_notebook_cell_runs_on_any_device_count(count, devices, request):
+    readme = request.getfixturevalue(count)["readme"]
+    assert readme["loss"] > 0
+    expected = "{replicated}" if devices == 1 else "{devices=[8,1]0,1,2,3,4,5,6,7}"
+    assert readme["layouts"][0] == expected
+    assert len(set(readme["held"])) == 1  # every device holds the same share
