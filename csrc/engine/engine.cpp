@@ -570,13 +570,26 @@ std::vector<BufferPtr> Engine::launch_graph(Executable& exe, const std::vector<B
 
 // A parameter nothing else holds gives its buffer to a root of the same type (an optimizer
 // step then updates parameters without copies).
+// A padded graph's parameter that carries the buffer of a value computed padded (buckets.cpp):
+// donatable when that value is the buffer's only other holder and only pending nodes hold it.
+bool Engine::carried_unheld(const Value& param) const {
+  for (const auto& [carrier, owner] : carried_owners_) {
+    if (carrier != &param) continue;
+    ValuePtr value = owner.lock();
+    return value && value->padded && value->padded->buffer == param.buffer && param.buffer.use_count() == 2 &&
+           value.use_count() - 1 == value->node_uses.load();
+  }
+  return false;
+}
+
 void Engine::plan_donation(Graph& g) {
   g.aliasing.assign(g.params.size(), -1);
   std::vector<bool> root_taken(g.roots.size(), false);
   for (size_t p = 0; p < g.params.size(); ++p) {
     const ValuePtr& param = g.params[p];
-    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer.use_count() == 1 &&
-                  !param->buffer->shared_outside.load();
+    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer &&
+                  !param->buffer->shared_outside.load() &&
+                  (param->buffer.use_count() == 1 || carried_unheld(*param));
     if (!g.donate || !unheld || param->type.numel() == 0) continue;
     for (size_t r = 0; r < g.roots.size(); ++r) {
       if (!root_taken[r] && g.roots[r]->type == param->type) {

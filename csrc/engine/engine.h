@@ -190,6 +190,7 @@ class Engine {
  private:
   // The steps of running a graph (run_graph), in order.
   void plan_donation(Graph& graph);
+  bool carried_unheld(const Value& param) const;
   void lift_scalars(Graph& graph);
   void hash_graph(Graph& graph);
   CompiledPtr find_or_compile(Graph& graph);
@@ -223,6 +224,10 @@ class Engine {
   void compute_unpadded(const ValuePtr& value);
   std::shared_ptr<BucketState> buckets_ = std::make_shared<BucketState>();
   int bucket_depth_ = 0;  // > 0 while a bucketed graph is being recorded
+  // While a padded graph runs: its parameters that carry a padded-only value's buffer, and
+  // that value. plan_donation donates such a buffer when nothing but pending nodes holds the
+  // value (the cache a decode step grows), as it does a plain parameter's.
+  std::vector<std::pair<const Value*, std::weak_ptr<Value>>> carried_owners_;
   // What recording learns about each node signature (Node::hash) the first time it meets it,
   // by lowering the node alone: whether it has runtime checks (its origin is then kept).
   // A node that cannot be lowered raises at once, at the user's line, and never joins a graph.
