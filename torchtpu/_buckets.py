@@ -34,6 +34,7 @@ nothing is compiled per real size.
 The public API (all that compiler.py uses; fused eager mode can use the same, issue 16):
 
     policy(), bucket_of(n, policy)       the bucket a size runs at (TORCHTPU_BUCKETS)
+    at_least(n)                          within it, no bucket is below bucket_of(n)
     DynamicGraph(gm)                     an FX graph with symbolic sizes
         .symbols                         its size symbols, sorted
         .sizes(args)                     a call's real and bucket sizes (None: run exact)
@@ -53,6 +54,7 @@ the largest one runs unbucketed).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import operator
@@ -92,6 +94,21 @@ def bucket_of(n: int, pol) -> int:
         if size >= n:
             return size
     return n
+
+
+_FLOORS: list = []  # sizes at_least() keeps every bucket at or above
+
+
+@contextlib.contextmanager
+def at_least(size: int):
+    """Within: every symbol's bucket is at least bucket_of(size). A generation loop whose longest
+    sequence is known (a static KV cache of max_length) runs its growing graphs in that one
+    bucket from the start, so nothing compiles as the sequence grows."""
+    _FLOORS.append(int(size))
+    try:
+        yield
+    finally:
+        _FLOORS.pop()
 
 
 # ---------------------------------------------------------------------------------------
@@ -1020,6 +1037,48 @@ def _layer_norm_backward(rw, n, v):
     return specs
 
 
+@rule("aten::gather")
+def _gather(rw, n, v):
+    """x.gather(d, index) by a padded index (a repetition penalty reads the scores of the
+    tokens so far): padded index entries (0) read a real element, re-zeroed after."""
+    if _any_padded(_input_spec(rw, n)):
+        raise NoBucket("aten::gather from a padded tensor")
+    spec = rw.arg_spec(n.args[2])
+    rw.rezero(n, spec, v.dtype)
+    return spec
+
+
+def _first_real(rw, x, spec):
+    """x with each padded element replaced by the element at position 0 of its padded
+    dimensions (a real one)."""
+    first = x
+    for d, dim in enumerate(spec):
+        if _padded(dim):
+            first = rw.call(aten.slice.Tensor, first, d, 0, 1)
+    first = rw.call(aten.expand.default, first, list(rw.shape(_val(x))))
+    return rw.call(aten.where.self, rw.mask(spec), x, first)
+
+
+@rule("aten::scatter.src", "aten::scatter.value", "aten::scatter_add")
+def _scatter(rw, n, v):
+    """x.scatter(d, index, src) by a padded index (the penalized scores written back): padded
+    entries repeat a real entry's (index, src) pair, which writes what that entry writes;
+    scatter_add's padded src adds zeros."""
+    s0 = _input_spec(rw, n)
+    if _any_padded(s0):
+        raise NoBucket(f"{n.target.name()} into a padded tensor")
+    index, index_spec = n.args[2], rw.arg_spec(n.args[2])
+    if n.target is not aten.scatter_add.default and _any_padded(index_spec):
+        src = n.args[3]
+        if isinstance(src, torch.fx.Node) and rw.arg_spec(src) != index_spec:
+            raise NoBucket(f"{n.target.name()} with a source padded unlike its index")
+        with rw.graph.inserting_before(n):
+            rw.replace_arg(n, 2, _first_real(rw, index, index_spec))
+            if isinstance(src, torch.fx.Node):
+                rw.replace_arg(n, 3, _first_real(rw, src, index_spec))
+    return s0
+
+
 @rule("aten::embedding")
 def _embedding(rw, n, v):
     table = _input_spec(rw, n)
@@ -1306,7 +1365,8 @@ class DynamicGraph:
             return None
         if isinstance(pol, list) and any(reals[s] + self.headroom[s] > pol[-1] for s in self.symbols):
             return None
-        buckets = {s: bucket_of(reals[s] + self.headroom[s], pol) for s in self.symbols}
+        floor = bucket_of(max(_FLOORS), pol) if _FLOORS else 0
+        buckets = {s: max(bucket_of(reals[s] + self.headroom[s], pol), floor) for s in self.symbols}
         return Sizes(reals, buckets, tuple(buckets[s] for s in self.symbols))
 
     def rewrite(self, sizes: Sizes, known_specs: dict | None = None) -> "Padded":
