@@ -177,6 +177,7 @@ void Engine::reset_metrics() {
   metrics_.execute_count = 0;
   metrics_.bytes_to_device = 0;
   metrics_.bytes_to_host = 0;
+  metrics_.downloads = 0;
   metrics_.recompilations = 0;
   metrics_.donated_buffers = 0;
   metrics_.compile_seconds = 0;
@@ -568,8 +569,6 @@ std::vector<BufferPtr> Engine::launch_graph(Executable& exe, const std::vector<B
 
 // ---- running a graph: plan donation, lift scalars, hash, find or compile, launch -------
 
-// A parameter nothing else holds gives its buffer to a root of the same type (an optimizer
-// step then updates parameters without copies).
 // A padded graph's parameter that carries the buffer of a value computed padded (buckets.cpp):
 // donatable when that value is the buffer's only other holder and only pending nodes hold it.
 bool Engine::carried_unheld(const Value& param) const {
@@ -582,11 +581,20 @@ bool Engine::carried_unheld(const Value& param) const {
   return false;
 }
 
+// A parameter nothing else holds gives its buffer to a root of the same type (an optimizer
+// step then updates parameters without copies).
 void Engine::plan_donation(Graph& g) {
   g.aliasing.assign(g.params.size(), -1);
   std::vector<bool> root_taken(g.roots.size(), false);
+  for (auto [value, root] : g.donate_to_root) {
+    auto it = g.param_index.find(value);
+    if (it == g.param_index.end() || root_taken[root] || !(g.roots[root]->type == value->type)) continue;
+    root_taken[root] = true;
+    g.aliasing[it->second] = root;
+  }
   for (size_t p = 0; p < g.params.size(); ++p) {
     const ValuePtr& param = g.params[p];
+    if (g.aliasing[p] >= 0) continue;
     bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer &&
                   !param->buffer->shared_outside.load() &&
                   (param->buffer.use_count() == 1 || carried_unheld(*param));
@@ -1118,10 +1126,12 @@ std::shared_ptr<const Subgraph> Engine::end_body(const std::vector<ValuePtr>& ou
 
 // ---- torch.compile capture support (see device/capture.cpp) ---------------------------
 
-Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, int device) {
+Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, int device,
+                                           const std::vector<std::pair<const Value*, int>>& donations) {
   Graph graph;
   graph.device = device;
   graph.donate = false;
+  graph.donate_to_root = donations;
   if (hooks_.python_origin) graph.origin = hooks_.python_origin();
   graph.roots = roots;
   // Other live pending values made by the captured code (functional views' bases, say)
@@ -1154,6 +1164,7 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
   run.checks = graph.check_entries;
   run.graph_hash = graph.hash;
   run.params = graph.params;
+  run.aliasing = graph.aliasing;
   run.float_scalars = graph.float_scalars;
   run.int_scalars = graph.int_scalars;
   for (auto [n, a] : random_nodes) run.random_seed_slots.push_back(graph.lifted_slots[n][a]);

@@ -43,6 +43,7 @@ struct Metrics {
   std::atomic<int64_t> execute_count{0};
   std::atomic<int64_t> bytes_to_device{0};
   std::atomic<int64_t> bytes_to_host{0};
+  std::atomic<int64_t> downloads{0};  // copies to the host: each waits for the device (a host sync)
   std::atomic<int64_t> recompilations{0};
   std::atomic<int64_t> donated_buffers{0};
   double compile_seconds = 0.0;
@@ -138,6 +139,7 @@ class Engine {
   struct CaptureRun {
     ExecutablePtr executable;               // null when there was nothing to run
     std::vector<ValuePtr> params;           // executable parameters, in order
+    std::vector<int> aliasing;              // per parameter: the result it was donated to, or -1
     std::vector<TensorType> result_types;   // the roots asked for first, then other live values
     std::vector<double> float_scalars;      // lifted scalars, as passed this time
     std::vector<int64_t> int_scalars;
@@ -146,9 +148,11 @@ class Engine {
     uint64_t graph_hash = 0;
   };
   // Compiles (or finds in the caches) and runs the pending graph that computes `roots`
-  // (and any other live pending value) on `device`, donating no parameter. The executable's
-  // results are `roots` first. The caller holds the engine lock.
-  CaptureRun run_for_capture(const std::vector<ValuePtr>& roots, int device);
+  // (and any other live pending value) on `device`, donating no parameter but those in
+  // `donations` (parameter value, root index). The executable's results are `roots` first.
+  // The caller holds the engine lock.
+  CaptureRun run_for_capture(const std::vector<ValuePtr>& roots, int device,
+                             const std::vector<std::pair<const Value*, int>>& donations = {});
   // The scalar packs an executable takes after its parameters: floats in the platform's
   // float type (f64, or f32 where the platform has no f64), ints as i64.
   BufferPtr upload_float_scalars(const std::vector<double>& values, int device);
