@@ -210,3 +210,14 @@ def test_sampled_tokens_follow_cpus_distribution(fresh):
     got = torch.bincount(first, minlength=VOCAB).double() / 512
     bound = 4 * (expected * (1 - expected) / 512).sqrt() + 1 / 512
     assert ((got - expected).abs() <= bound).all(), (got, expected)
+
+
+def test_unknown_transformers_version_fails_loudly(monkeypatch):
+    from transformers.generation import utils as generation_utils
+
+    from torchtpu.integrations import UnsupportedVersionError
+    from torchtpu.integrations import transformers as adapter
+
+    monkeypatch.setattr(transformers, "__version__", "9.0.0")
+    with pytest.raises(UnsupportedVersionError, match=r"transformers >=5\.0,<6\.0 .*found transformers 9\.0\.0"):
+        adapter.install(generation_utils)
