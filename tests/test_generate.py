@@ -221,3 +221,28 @@ def test_unknown_transformers_version_fails_loudly(monkeypatch):
     monkeypatch.setattr(transformers, "__version__", "9.0.0")
     with pytest.raises(UnsupportedVersionError, match=r"transformers >=5\.0,<6\.0 .*found transformers 9\.0\.0"):
         adapter.install(generation_utils)
+
+
+def test_compiled_in_place_update_donates_and_keeps_what_others_hold(fresh):
+    # A compiled step that writes a cache in place: the cache's buffer is reused when the
+    # cache tensor alone holds it; a clone taken before a call keeps its contents (that call
+    # runs without donation).
+    def step(cache, x, pos):
+        cache.index_copy_(2, pos, x)
+        return cache.sum(-1)
+
+    compiled = torch.compile(step, backend="tpu", dynamic=False)
+    cache, cache_t = torch.zeros(2, 2, 8, 4), torch.zeros(2, 2, 8, 4, device="tpu")
+    clones = {}
+    for t in range(6):
+        x = torch.full((2, 2, 1, 4), float(t + 1))
+        if t == 4:
+            clones[t] = (cache.clone(), cache_t.clone())
+        before = metrics.counters()["donated_buffers"]
+        out = compiled(cache_t, x.to("tpu"), torch.tensor([t], device="tpu"))
+        donated = metrics.counters()["donated_buffers"] - before
+        expected = step(cache, x, torch.tensor([t]))
+        assert torch.equal(out.cpu(), expected) and torch.equal(cache_t.cpu(), cache)
+        assert donated == (0 if t == 4 else 1), (t, donated)
+    cpu_clone, tpu_clone = clones[4]
+    assert torch.equal(tpu_clone.cpu(), cpu_clone)
