@@ -168,12 +168,13 @@ def run_variant(variant, model, ids, torchtpu, repeats):
     """(ms per new token over the timed runs, new tokens of the last run, counters per token)."""
     if variant == "jax":
         import jax.numpy as jnp
+        import numpy as np
 
         generate = jax_decoder(model)
         jids = jnp.asarray(ids.numpy(), dtype=jnp.int32)
 
         def run():
-            return torch.from_numpy(__import__("numpy").asarray(generate(jids))).long()
+            return torch.from_numpy(np.array(generate(jids))).long()
     elif variant == "eager":
         def run():
             return _generate(model, ids)[:, PROMPT:]
