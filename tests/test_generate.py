@@ -218,7 +218,11 @@ def test_unknown_transformers_version_fails_loudly(monkeypatch):
     from torchtpu.integrations import UnsupportedVersionError
     from torchtpu.integrations import transformers as adapter
 
-    monkeypatch.setattr(transformers, "__version__", "9.0.0")
+    import sys
+
+    # The module the adapter imports now (transformers may have put another object in
+    # sys.modules since this file imported it).
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "9.0.0")
     with pytest.raises(UnsupportedVersionError, match=r"transformers >=5\.0,<6\.0 .*found transformers 9\.0\.0"):
         adapter.install(generation_utils)
 
