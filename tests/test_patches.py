@@ -40,6 +40,9 @@ COVERED_ELSEWHERE = {
     "lightning accelerator connector": "tests/test_lightning.py::test_trainer_on_tpu_matches_cpu",
     "pytorch_lightning accelerator connector":
         "tests/test_lightning.py::test_standalone_pytorch_lightning_gets_the_same_adapter",
+    "transformers decode loop": "tests/test_generate.py::test_greedy_tokens_equal_cpu_with_compiles_that_do_not_grow",
+    "transformers compile config":
+        "tests/test_generate.py::test_inductor_compile_config_uses_the_tpu_backend",
 }
 
 
@@ -50,7 +53,9 @@ def _adapter_args(name):
                "huggingface_hub shared tensors": "huggingface_hub.serialization._torch",
                "lightning accelerator connector": "lightning.pytorch.trainer.connectors.accelerator_connector",
                "pytorch_lightning accelerator connector":
-                   "pytorch_lightning.trainer.connectors.accelerator_connector"}
+                   "pytorch_lightning.trainer.connectors.accelerator_connector",
+               "transformers decode loop": "transformers.generation.utils",
+               "transformers compile config": "transformers.modeling_utils"}
     if name not in modules:
         return ()
     module = importlib.import_module(modules[name])
@@ -270,6 +275,8 @@ def _changed_torch():
     import huggingface_hub.serialization._torch as hub_torch
     import lightning.pytorch.trainer.connectors.accelerator_connector as lightning_connector
     import safetensors.torch
+    import transformers.generation.utils as generation_utils
+    import transformers.modeling_utils as modeling_utils
 
     inference_mode = torch.autograd.grad_mode.inference_mode
     return [  # patch, owner, attribute, what a changed torch has there, the complaint
@@ -300,13 +307,15 @@ def _changed_torch():
         ("huggingface_hub shared tensors", hub_torch, "storage_ptr", _other_signature, "takes"),
         ("lightning accelerator connector", lightning_connector._AcceleratorConnector, "_choose_strategy", None,
          "does not exist"),
+        ("transformers decode loop", generation_utils.GenerationMixin, "_sample", _other_signature, "takes"),
+        ("transformers compile config", modeling_utils.PreTrainedModel, "get_compiled_call", None, "does not exist"),
     ]
 
 
-@pytest.mark.parametrize("index", range(24))
+@pytest.mark.parametrize("index", range(26))
 def test_a_changed_torch_internal_fails_its_patch_loudly(monkeypatch, index):
     cases = _changed_torch()
-    assert len(cases) == 24
+    assert len(cases) == 26
     name, owner, attribute, changed, complaint = cases[index]
     if (owner, attribute) in _patches._originals:  # patched already: the guard checks the project's own
         monkeypatch.setitem(_patches._originals, (owner, attribute), changed)

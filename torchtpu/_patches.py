@@ -66,7 +66,7 @@ _install_lock = threading.RLock()
 # Modules that register patches besides this one (imported by entries()).
 _REGISTERING_MODULES = ("torchtpu.distributed", "torchtpu.integrations.accelerate",
                         "torchtpu.integrations.safetensors", "torchtpu.integrations.huggingface_hub",
-                        "torchtpu.integrations.lightning")
+                        "torchtpu.integrations.lightning", "torchtpu.integrations.transformers")
 
 
 def patch(name: str, targets: tuple[str, ...], when: str = "import", library: str = "torch",

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import warnings
 
+from torchtpu import _patches
 from torchtpu.integrations import check_version
 
 SUPPORTED = ("5.0", "6.0")
@@ -28,16 +29,18 @@ def install(module) -> None:
 
     check_version("transformers", transformers.__version__, SUPPORTED, TESTED)
     if module.__name__.endswith("generation.utils"):
-        _adapt_decode_loop(module.GenerationMixin)
+        _patches.apply("transformers decode loop", module)
     else:
-        _adapt_compile_path(module.PreTrainedModel)
+        _patches.apply("transformers compile config", module)
 
 
-def _adapt_decode_loop(mixin) -> None:
-    sample = mixin.__dict__.get("_sample")
-    if sample is None:
-        raise RuntimeError("torchtpu: transformers' GenerationMixin._sample is gone; torchtpu's transformers "
-                           "adapter needs updating")
+@_patches.patch("transformers decode loop", when="import of transformers.generation.utils",
+                library="transformers", targets=("transformers.generation.utils.GenerationMixin._sample",))
+def _adapt_decode_loop(module) -> None:
+    mixin = module.GenerationMixin
+    sample = _patches.checked("transformers decode loop", mixin, "_sample",
+                              params=["self", "input_ids", "logits_processor", "stopping_criteria",
+                                      "generation_config"])
 
     @functools.wraps(sample)
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs):
@@ -49,14 +52,15 @@ def _adapt_decode_loop(mixin) -> None:
         with _buckets.at_least(generation_config.max_length):
             return sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs)
 
-    mixin._sample = _sample
+    _patches._replace(mixin, "_sample", _sample)
 
 
-def _adapt_compile_path(model_class) -> None:
-    compiled_call = model_class.__dict__.get("get_compiled_call")
-    if compiled_call is None:
-        raise RuntimeError("torchtpu: transformers' PreTrainedModel.get_compiled_call is gone; torchtpu's "
-                           "transformers adapter needs updating")
+@_patches.patch("transformers compile config", when="import of transformers.modeling_utils",
+                library="transformers", targets=("transformers.modeling_utils.PreTrainedModel.get_compiled_call",))
+def _adapt_compile_path(module) -> None:
+    model_class = module.PreTrainedModel
+    compiled_call = _patches.checked("transformers compile config", model_class, "get_compiled_call",
+                                     params=["self", "compile_config"])
 
     @functools.wraps(compiled_call)
     def get_compiled_call(self, compile_config):
@@ -67,4 +71,4 @@ def _adapt_compile_path(model_class) -> None:
             compile_config = dataclasses.replace(compile_config, backend="tpu", mode="default")
         return compiled_call(self, compile_config)
 
-    model_class.get_compiled_call = get_compiled_call
+    _patches._replace(model_class, "get_compiled_call", get_compiled_call)
