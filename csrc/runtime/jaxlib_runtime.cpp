@@ -171,6 +171,10 @@ class JaxlibRuntime final : public Runtime {
     jax_module_ = py::module_::import("jax._src.lib").attr("_jax");
     // Looked up once: attr("name") per launch would build the name's Python string each time.
     consume_with_handlers_ = jax_module_.attr("ExecuteResults").attr("consume_with_handlers");
+    // jaxlib 0.12 (extension version 489) dropped the private `_skip_checks` argument of
+    // array_result_handler; jax's own array.py passes it only below that version.
+    handlers_take_skip_checks_ =
+        py::module_::import("jax._src.lib").attr("jaxlib_extension_version").cast<int>() < 489;
     devices_ = node_local_devices(client_.attr("local_devices")().cast<py::list>(), layout);
     py::object version = py::module_::import("jaxlib.version").attr("__version__");
     version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
@@ -512,8 +516,10 @@ class JaxlibRuntime final : public Runtime {
     for (py::handle shards : py::list(results.attr("disassemble_into_single_device_arrays")())) {
       py::object array = py::reinterpret_borrow<py::list>(shards)[0];
       per_output.append(array);
-      handlers.append(make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true,
-                                   py::arg("_skip_checks") = true));
+      handlers.append(handlers_take_skip_checks_
+                          ? make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true,
+                                         py::arg("_skip_checks") = true)
+                          : make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true));
     }
     exe.result_handlers = handlers;
     exe.has_handlers = true;
@@ -527,6 +533,7 @@ class JaxlibRuntime final : public Runtime {
   py::object host_device_;
   py::object device_put_;
   py::object consume_with_handlers_;
+  bool handlers_take_skip_checks_ = false;
   std::vector<py::object> devices_;
   std::string platform_;
   std::string version_;
