@@ -278,3 +278,18 @@ def test_report_exits_nonzero_with_the_fix(tmp_path):
     assert bad.returncode == 1, bad.stderr
     assert "platform  not started" in bad.stdout
     assert "TORCHTPU_PLATFORM='gpu' is not a platform; valid platforms are cpu, cuda, tpu" in bad.stdout
+
+
+def test_report_states_ranges_and_a_plugin_of_another_release(monkeypatch):
+    from torchtpu import _report
+
+    releases = {"torch": "2.16.0", "jax": "0.12.0.1", "jaxlib": "0.12.0.1", "jax-cuda12-plugin": "0.11.2"}
+    monkeypatch.setattr(_versions, "installed", releases.get)
+    problems = []
+    text = _report.report(problems, runtime=[])
+    assert "torch     2.16.0  (torchtpu supports torch >=2.11,<2.16: 2.11 to 2.15)" in text
+    assert "jaxlib    0.12.0.1  (supported >=0.10,<0.13)" in text
+    assert "plugin    jax-cuda12-plugin 0.11.2" in text
+    assert problems == ["jax-cuda12-plugin 0.11.2 does not match jaxlib 0.12.0.1 (jax loads only its own "
+                        "release's plugin). Fix: pip install 'jax[cuda12]==0.12.0.1'"]
+    assert "1 problem(s):" in text and "status    OK" not in text
