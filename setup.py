@@ -9,6 +9,7 @@ the wheel requires that range.
 """
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 
@@ -58,6 +59,13 @@ if len(GLUES) != len(torch_dirs()):
 class MakeExtension(build_ext):
     """Runs `make extension` per glue, writing the common library and the glue into the wheel's
     staging folder (or, for an editable install, into the source tree's torchtpu/_native)."""
+
+    def run(self):
+        # setuptools keeps its staging folder (build/lib.*) between builds: glues an earlier
+        # build left there (another torch's, `make wheel`'s) must not ride along in this wheel.
+        if not self.editable_mode:
+            shutil.rmtree(os.path.join(os.path.abspath(self.build_lib), "torchtpu", "_native"), ignore_errors=True)
+        super().run()
 
     def build_extension(self, ext):
         if self.editable_mode:

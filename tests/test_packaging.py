@@ -269,7 +269,8 @@ def test_report_exits_nonzero_with_the_fix(tmp_path):
                               timeout=300, env=env, cwd=tmp_path)
     assert mismatch.returncode == 1, mismatch.stderr
     assert f"torch     {_versions.installed('torch')}" in mismatch.stdout  # as pip sees it
-    assert "but torch 2.99.0 is installed" in mismatch.stdout and "pip install 'torch==" in mismatch.stdout
+    fix = f"pip install 'torch{_versions.torch_requirement(_versions.built_glues())}'"
+    assert "but torch 2.99.0 is installed" in mismatch.stdout and fix in mismatch.stdout
     assert "undefined symbol" not in mismatch.stdout + mismatch.stderr
 
     env = dict(os.environ, TORCHTPU_PLATFORM="gpu", PYTHONPATH=IMPORT_ROOT)
