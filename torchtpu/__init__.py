@@ -14,7 +14,7 @@ import torch
 __version__ = "0.1.0"
 __all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler",
            "export", "Exported", "to_jax", "from_jax", "jax_op", "register_jax_op",
-           "scan_layers", "StackedLayers"]
+           "scan_layers", "StackedLayers", "spmd"]
 
 from torchtpu import _report, _settings, _versions  # noqa: E402  (they import nothing heavy)
 
@@ -89,6 +89,7 @@ from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
 from torchtpu.jax_interop import from_jax, jax_op, register_jax_op, to_jax  # noqa: E402
 from torchtpu import profiler  # noqa: E402
+from torchtpu import spmd  # noqa: E402
 from torchtpu._export import Exported, export  # noqa: E402
 
 __import__("torchtpu._linalg", fromlist=["_"]).install()  # tpu kernels of the JAX-lowered linalg ops

@@ -1,7 +1,9 @@
 // Allocation and copies: empty tensors, the copy family (_copy_from, copy,
 // _copy_from_and_resize, _to_copy), resize_ and reading a scalar. Every copy onto a tpu
-// device goes through tpu_copy; every copy to the host through to_host.
+// device goes through tpu_copy (into a sharded tensor, copy_onto_layout: device/spmd.h);
+// every copy to the host through to_host.
 #include "device/kernels.h"
+#include "device/spmd.h"
 
 namespace torchtpu {
 
@@ -40,6 +42,10 @@ at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef, std::optio
 at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
   return translate_errors([&] {
     if (is_tpu(dst)) {
+      if (ValuePtr laid_out = copy_onto_layout(dst, self)) {
+        store_value(dst, laid_out);
+        return dst;
+      }
       ValuePtr v = tpu_copy(self, dst.device().index(), to_dtype(dst.scalar_type()));
       store_value(dst, broadcast_value(v, dst.sizes().vec()));
     } else {
@@ -53,6 +59,7 @@ at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
 // to self's dtype and broadcast to its shape.
 at::Tensor tpu_copy_functional(const at::Tensor& self, const at::Tensor& src, bool) {
   return translate_errors([&] {
+    if (ValuePtr laid_out = copy_onto_layout(self, src)) return wrap_for_user(make_tensor(std::move(laid_out)));
     ValuePtr v = tpu_copy(src, self.device().index(), to_dtype(self.scalar_type()));
     return wrap_for_user(make_tensor(broadcast_value(v, self.sizes().vec())));
   });

@@ -13,6 +13,7 @@
 
 #include "device/generator.h"
 #include "device/kernels.h"
+#include "device/spmd.h"
 #include "engine/engine.h"
 
 namespace torchtpu {
@@ -397,6 +398,7 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
   }
   if (rule->random) append_generator_args(p, args);
   mask_defined_outputs(sig, &p.args);
+  check_one_mesh(rule->kind.name(), schema, p.args, p.operands);
   std::vector<ValuePtr> values;
   if (!sig.types.empty())  // every output masked out: nothing to compute
     values = Engine::get().record(rule->kind, std::move(p.args), std::move(p.operands), sig.types, p.device);
