@@ -300,6 +300,38 @@ def test_a_reduced_precision_chain_rounds_each_op_as_eager(mode, dtype):
     check(lambda x, y: ((x * 1.37 + 0.5).abs() + 0.25) * y - x / (y.abs() + 1), x, y, rtol=0, atol=0)
 
 
+# Products consumed by an add or subtract (directly, negated, through rsub, after an activation),
+# and reductions and matmuls of computed values. On a CPU with float16 FMA (avx512_fp16) XLA's LLVM
+# backend fused a float16 product into the add and rounded once; XLA:CPU's YNNPACK fusions summed
+# bfloat16 products unrounded. Eager rounds each op's result (docs/ARCHITECTURE.md, rounding).
+PRODUCT_CHAINS = {
+    "mul_add": lambda x, y, z: x * y + z,
+    "sub_mul": lambda x, y, z: z - x * y,
+    "neg_mul_add": lambda x, y, z: -(x * y) + z,
+    "rsub": lambda x, y, z: torch.rsub(x * y, z),
+    "mul_sub_mul": lambda x, y, z: x * y - y * z,
+    "sigmoid": lambda x, y, z: torch.sigmoid(x) * y + z,
+    "silu": lambda x, y, z: F.silu(x) * y - z,
+    "tanh": lambda x, y, z: torch.tanh(x) * y + z,
+    "gelu": lambda x, y, z: F.gelu(x * y + z) * z - x,
+    "exp": lambda x, y, z: torch.exp(x) * y - z,
+    "relu": lambda x, y, z: F.relu(x * y) - z * y,
+    "mean_of_product": lambda x, y, z: (x * y).mean(-1),
+    "scaled_matmul": lambda x, y, z: x @ y.T * 0.1 + z,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_products_feeding_adds_and_reductions_round_as_eager(mode, dtype):
+    g = torch.Generator().manual_seed(3)
+    x, y, z = [(torch.rand(64, 64, generator=g) * 6 - 3).to(dtype) for _ in range(3)]
+    differ = set()
+    for name, fn in PRODUCT_CHAINS.items():
+        if not torch.equal(fn(x.to("tpu"), y.to("tpu"), z.to("tpu")).cpu(), fn(x, y, z)):
+            differ.add(name)
+    assert differ == set()
+
+
 def test_remainder_scalar_tensor(mode):
     check(lambda b: torch.remainder(5.5, b), rand(6, lo=0.5, hi=3.0))
     check(lambda b: torch.remainder(-7, b), torch.tensor([2, -3, 4, -5]))
