@@ -213,7 +213,8 @@ void lower_pointwise_backward(LoweringContext& ctx, const Node& node) {
   } else if (f == "hardsigmoid_backward") {  // (grad, self)
     V x = e.arg(node, 1);
     V inside = e.band(e.cmp("GT", x, e.k(-3.0)), e.cmp("LT", x, e.k(3.0)));
-    r = e.sel(inside, e.div(g, e.k(6.0)), zero);
+    // CPU multiplies by 1/6 taken in float32, whatever the dtype (float64 included).
+    r = e.sel(inside, e.mul(g, e.k(static_cast<double>(1.0f / 6.0f))), zero);
   } else if (f == "logit_backward") {  // (grad, self, eps?)
     V x = e.arg(node, 1);
     V d = e.div(g, e.mul(x, e.sub(e.k(1.0), x)));
