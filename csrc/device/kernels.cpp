@@ -125,6 +125,8 @@ void register_kernels() {
   functionalize.impl("record_stream", TORCH_FN(record_stream_functionalize));
   for (const char* name : {"new_zeros", "new_ones", "new_empty", "new_full"})
     functionalize.impl(name, torch::CppFunction::makeFromBoxedFunction<&new_factory_functionalize>());
+  for (const char* name : {"_pack_padded_sequence", "_pad_packed_sequence"})
+    functionalize.impl(name, torch::CppFunction::makeFromBoxedFunction<&host_results_stay_plain_functionalize>());
   static torch::Library meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     const std::string& base = name.name;
@@ -140,6 +142,9 @@ void register_kernels() {
     meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&inplace_binary_alpha_meta>());
   for (const char* name : {"fill_.Scalar", "fill_.Tensor", "relu_"})
     meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&inplace_fill_meta>());
+  meta.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell_meta));
+  meta.impl("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell_meta));
+  meta.impl("_thnn_fused_gru_cell_backward", TORCH_FN(fused_gru_cell_backward_meta));
   static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
