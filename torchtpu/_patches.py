@@ -255,7 +255,7 @@ def _patch_module_apply():
     # compiled graph) gets a new Parameter object; weights shared between modules (tied
     # embeddings) are then re-tied after the move.
     original = checked("module.to", torch.nn.Module, "_apply", params=("self", "fn", "recurse"),
-                       reads=("_parameters",))
+                       reads=("_parameters", "_buffers"))
     future = torch.__future__
     for name in ("get_swap_module_params_on_conversion", "set_swap_module_params_on_conversion"):
         checked("module.to", future, name)
@@ -282,6 +282,7 @@ def _patch_module_apply():
                 or not _touches_tpu(self, fn):
             return original(self, fn, recurse)
         state.active = True
+        lazy = _take_uninitialized(self, fn, recurse)
         try:
             future.set_swap_module_params_on_conversion(True)
             try:
@@ -293,9 +294,32 @@ def _patch_module_apply():
                 future.set_swap_module_params_on_conversion(False)
             return plain_apply_retied(self, fn, recurse)
         finally:
+            for table, name, tensor in lazy:
+                table[name] = tensor
             state.active = False
 
     _replace(torch.nn.Module, "_apply", _apply)
+
+
+def _take_uninitialized(module, fn, recurse):
+    # Lazy modules' UninitializedParameter / UninitializedBuffer hold no data: PyTorch keeps
+    # them through .to() by setting .data, which a tpu tensor cannot take over from a CPU one,
+    # and a swap or a new Parameter loses the class (the module then fails with a 0-element
+    # weight). Each is taken out before the conversion and replaced by a new uninitialized
+    # one on the converted device and dtype, which materializes there at the first forward.
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+    replaced = []
+    for owner in (module.modules() if recurse else [module]):
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in list(table.items()):
+                if not isinstance(tensor, (UninitializedParameter, UninitializedBuffer)):
+                    continue
+                probe = fn(torch.empty(0, dtype=tensor.dtype, device=tensor.device))
+                kind = type(tensor)
+                replaced.append((table, name, kind(requires_grad=tensor.requires_grad, device=probe.device,
+                                                   dtype=probe.dtype)))
+                del table[name]
+    return replaced
 
 
 def _touches_tpu(module, fn) -> bool:
