@@ -22,6 +22,7 @@ COVERED_ELSEWHERE = {
     "optimizer step": "tests/test_reliability.py::test_a_failed_optimizer_step_is_undone",
     "storage resize": "tests/test_storage_resize.py::test_free_and_reallocate_like_cpu",
     "compile cache": "tests/test_compile_cache.py::test_a_warm_process_skips_aot_autograd_and_trains_the_same",
+    "inductor on tpu": "tests/test_compile.py::test_compile_with_inductor_on_tpu_trains_with_the_tpu_backend",
 }
 
 
@@ -32,7 +33,7 @@ def _patched_now():
 def test_every_torch_internal_is_patched_in_one_place():
     assert list(_patches.PATCHES) == ["functional check", "printing", "saving", "loading", "module.to",
                                       "inference mode", "fakeification", "storage resize", "optimizer step",
-                                      "compile cache"]
+                                      "compile cache", "inductor on tpu"]
     assert _patches.LAZY == {"compile cache"}
     from torch._functorch._aot_autograd import autograd_cache
     from torch._subclasses import meta_utils
@@ -40,13 +41,14 @@ def test_every_torch_internal_is_patched_in_one_place():
 
     inference_mode = torch.autograd.grad_mode.inference_mode
     cache = autograd_cache.AOTAutogradCache
-    assert set(_patches._originals) == {  # thirteen torch internals (two methods of two classes)
+    assert set(_patches._originals) == {  # fourteen torch internals (two methods of two classes)
         (torch, "_is_functional_tensor"), (tensor_str, "_tensor_str"), (tensor_str, "_str"),
         (torch._C, "_has_storage"), (torch, "load"), (torch.nn.Module, "_apply"),
         (inference_mode, "__enter__"), (inference_mode, "__exit__"),
         (meta_utils.MetaTensorDescriber, "describe_tensor"), (torch.UntypedStorage, "resize_"),
         (torch.optim.Optimizer, "profile_hook_step"),
-        (autograd_cache, "autograd_cache_key"), (cache, "iterate_over_candidates"), (cache, "_write_to_local_cache")}
+        (autograd_cache, "autograd_cache_key"), (cache, "iterate_over_candidates"), (cache, "_write_to_local_cache"),
+        (torch._TorchCompileInductorWrapper, "__call__")}
     for (owner, attribute), original in _patches._originals.items():
         assert getattr(owner, attribute).__wrapped__ == original  # == : a class method is bound anew
 
@@ -75,6 +77,10 @@ def _other_signature(self, something_else):
     return None
 
 
+def _calls_no_inductor(self, model_, inputs_):
+    return None
+
+
 def _changed_torch():
     from torch._functorch._aot_autograd import autograd_cache
     from torch._subclasses import meta_utils
@@ -100,6 +106,9 @@ def _changed_torch():
         ("compile cache", autograd_cache.AOTAutogradCache, "save", _broken, "no longer reads _write_to_local_cache"),
         ("compile cache", autograd_cache.AOTAutogradCacheDetails, "__init__", _broken,
          "no longer reads _init_fx_graph_hash_details"),
+        ("inductor on tpu", torch._TorchCompileInductorWrapper, "__call__", _other_signature, "takes"),
+        ("inductor on tpu", torch._TorchCompileInductorWrapper, "__call__", _calls_no_inductor,
+         "no longer reads compile_fx"),
     ]
 
 

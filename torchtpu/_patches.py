@@ -20,6 +20,8 @@ Patched (PATCHES, in install order):
                        torch._functorch._aot_autograd.autograd_cache.autograd_cache_key
                        (installed when torchtpu.compiler loads: torch._functorch's cache
                        module is too heavy to import with torchtpu)
+    inductor on tpu    torch._TorchCompileInductorWrapper.__call__ (torch.compile(model) on tpu
+                       tensors compiles with the tpu backend)
 The end of an optimizer step uses PyTorch's public optimizer hooks (no patch, no guard).
 """
 from __future__ import annotations
@@ -625,6 +627,39 @@ def _patch_compile_cache():
     _replace(autograd_cache, "autograd_cache_key", autograd_cache_key)
     _replace(AOTAutogradCache, "iterate_over_candidates", iterate_over_candidates)
     _replace(AOTAutogradCache, "_write_to_local_cache", _write_to_local_cache)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.compile(model) with Inductor (the default backend) on tpu tensors.
+
+
+@patch("inductor on tpu")
+def _patch_inductor_on_tpu():
+    # Inductor generates code for CPU and CUDA; PyTorch 2.13's takes device "tpu" for Google's
+    # torch_tpu (torch.utils._pallas.has_torch_tpu() only checks that torch.tpu exists) and
+    # emits Pallas code for a package that is not installed, or crashes. torch.compile builds
+    # this wrapper for backend "inductor", by default or by name: a graph whose inputs are on
+    # tpu goes to torchtpu's backend instead (said once), so torch.compile(model) works
+    # unchanged; graphs on other devices still go to Inductor.
+    import warnings
+    wrapper = checked("inductor on tpu", torch, "_TorchCompileInductorWrapper")
+    original = checked("inductor on tpu", wrapper, "__call__", params=("self", "model_", "inputs_"),
+                       reads=("compile_fx",))
+    warned = []
+
+    @functools.wraps(original)
+    def __call__(self, model_, inputs_, **kwargs):
+        if not any(_is_tpu(t) for t in inputs_):
+            return original(self, model_, inputs_, **kwargs)
+        if not warned:
+            warned.append(True)
+            warnings.warn("torchtpu: torch.compile with Inductor (the default backend) on tpu tensors compiles "
+                          "with torchtpu's backend instead (Inductor generates code for CPU and CUDA only); "
+                          "pass backend=\"tpu\" to say so. Inductor's mode and options do not apply.")
+        from torchtpu.compiler import tpu_backend
+        return tpu_backend(model_, inputs_)
+
+    _replace(wrapper, "__call__", __call__)
 
 
 _install_lock = threading.Lock()
