@@ -883,7 +883,8 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
         if input_pipeline:
             sections += ["## Input pipeline: prefetch vs none\n", input_table(input_pipeline), ""]
         if distributed:
-            sections += ["## Distributed: torchrun, 2 processes vs 1\n", distributed_table(distributed), ""]
+            sections += ["## Distributed: torchrun, 2 processes vs 1, and one process on 2 devices (SPMD)\n",
+                         distributed_table(distributed), ""]
         if varlen:
             sections += ["## Fused mode over varying lengths: buckets vs exact sizes\n", varlen_table(varlen), ""]
         errors = [r for r in results if r.get("error")]

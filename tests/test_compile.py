@@ -171,23 +171,13 @@ def test_transformer_block_fullgraph_training_adamw():
         opt.step()
         losses.append(loss.detach().cpu())
     # Ops without a tpu lowering yet (layer_norm, gelu, amax, ...) run on CPU inside the
-    # compiled graph; results must match regardless. Tolerance: softmax/layernorm in f32.
-    torch.testing.assert_close(torch.stack(losses), cpu_losses, rtol=1e-4, atol=1e-5)
+    # compiled graph; results must match regardless (measured within 1e-2 of this tolerance).
+    torch.testing.assert_close(torch.stack(losses), cpu_losses, rtol=1e-5, atol=1e-5)
     for a, b in zip(tpu_model.parameters(), cpu_params):
-        torch.testing.assert_close(a.detach().cpu(), b, rtol=1e-4, atol=1e-5)
-
-
-def _eager_conv_works():
-    try:
-        F.conv2d(torch.randn(1, 1, 3, 3).to("tpu"), torch.randn(1, 1, 2, 2).to("tpu")).cpu()
-        return True
-    except NotImplementedError:
-        return False
+        torch.testing.assert_close(a.detach().cpu(), b, rtol=1e-5, atol=1e-5)
 
 
 def test_small_cnn_fullgraph():
-    if not _eager_conv_works():
-        pytest.skip("eager tpu has no convolution yet (convolution_overrideable is not implemented)")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64, 5))
     x = torch.randn(2, 3, 8, 8)

@@ -14,7 +14,7 @@ import torch
 __version__ = "0.1.0"
 __all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler",
            "export", "Exported", "to_jax", "from_jax", "jax_op", "register_jax_op",
-           "scan_layers", "StackedLayers"]
+           "scan_layers", "StackedLayers", "explain", "spmd"]
 
 from torchtpu import _report, _settings, _versions  # noqa: E402  (they import nothing heavy)
 
@@ -38,6 +38,8 @@ def _initialize():
     if settings.max_pending_ops is not None:
         _C.set_max_pending_ops(settings.max_pending_ops)
     _C.set_mode(settings.mode)
+    if settings.explain:
+        _C.explain_print(list(settings.explain))
     from torchtpu import _patches
 
     _patches.install()  # a torch it cannot patch raises PatchError, leaving torch as it was
@@ -89,11 +91,13 @@ from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
 from torchtpu.jax_interop import from_jax, jax_op, register_jax_op, to_jax  # noqa: E402
 from torchtpu import profiler  # noqa: E402
+from torchtpu import spmd  # noqa: E402
 from torchtpu._export import Exported, export  # noqa: E402
 
 __import__("torchtpu._linalg", fromlist=["_"]).install()  # tpu kernels of the JAX-lowered linalg ops
 from torchtpu.scan import scan_layers  # noqa: E402
 from torchtpu.stacked import StackedLayers  # noqa: E402
+from torchtpu._explain import explain  # noqa: E402
 
 
 def platform() -> str:

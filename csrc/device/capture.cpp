@@ -44,6 +44,10 @@ struct Capture {
   };
   std::vector<Output> outputs;
   std::vector<ValuePtr> first_results;  // the capturing call's roots, until taken
+  // A partitioned executable: its mesh and the layout each parameter must arrive in (a replay
+  // with inputs laid out otherwise misses and is captured again).
+  MeshPtr mesh;
+  std::vector<std::string> param_shardings;
 };
 
 namespace {
@@ -146,12 +150,19 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
     }
     capture->outputs.push_back(std::move(out));
   }
+  // One executable computes values of one mesh (or of one device).
+  for (const ValuePtr& r : roots) {
+    const MeshPtr& first = roots.front()->mesh;
+    if (first ? !r->mesh || !r->mesh->same_devices(*first) : r->mesh != nullptr) ok = false;
+  }
   if (!ok) {
     g_uncapturable++;
     e.sync(false, FlushReason::TorchCompile);  // interpreter semantics: the graph's work runs now
     return nullptr;
   }
   Engine::CaptureRun run = e.run_for_capture(roots, device);
+  capture->mesh = run.mesh;
+  capture->param_shardings = run.param_shardings;
   capture->executable = run.executable;
   capture->graph_hash = run.graph_hash;
   std::unordered_map<const Value*, int> base_of;  // storage bases of the FX inputs
@@ -189,8 +200,9 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
   capture->int_scalars = std::move(run.int_scalars);
   capture->random_seed_slots = std::move(run.random_seed_slots);
   capture->checks = std::move(run.checks);
-  if (!capture->float_scalars.empty()) capture->float_pack = e.upload_float_scalars(capture->float_scalars, device);
-  if (!capture->int_scalars.empty()) capture->int_pack = e.upload_int_scalars(capture->int_scalars, device);
+  if (!capture->float_scalars.empty())
+    capture->float_pack = e.upload_float_scalars(capture->float_scalars, device, capture->mesh);
+  if (!capture->int_scalars.empty()) capture->int_pack = e.upload_int_scalars(capture->int_scalars, device, capture->mesh);
   capture->result_types = std::move(run.result_types);  // roots first, then values only kept live
   capture->first_results = roots;
   g_captures++;
@@ -228,8 +240,20 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
   if (c.executable) {
     std::vector<BufferPtr> args;
     args.reserve(c.params.size() + 2);
-    for (const Capture::Param& p : c.params)
-      args.push_back(e.materialize(p.input < 0 ? p.constant : p.base ? bases[p.input] : values[p.input]));
+    for (size_t k = 0; k < c.params.size(); ++k) {
+      const Capture::Param& p = c.params[k];
+      BufferPtr buffer = e.materialize(p.input < 0 ? p.constant : p.base ? bases[p.input] : values[p.input]);
+      if (c.mesh) {
+        if (buffer->sharding && !buffer->sharding->mesh->same_devices(*c.mesh)) { g_misses++; return std::nullopt; }
+        std::string layout = buffer->sharding ? buffer->sharding->hlo() : "{replicated}";
+        if (layout != c.param_shardings[k]) { g_misses++; return std::nullopt; }
+        buffer = e.argument_for_mesh(buffer, c.mesh);
+      } else if (buffer->sharding) {
+        g_misses++;
+        return std::nullopt;
+      }
+      args.push_back(std::move(buffer));
+    }
     if (c.float_pack) args.push_back(c.float_pack);
     if (c.int_pack) {
       if (c.random_seed_slots.empty()) {
@@ -242,7 +266,7 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
           ints[slot] = gen->next_key();
           ints[slot + 1] = 0;
         }
-        args.push_back(e.upload_int_scalars(ints, c.device));
+        args.push_back(e.upload_int_scalars(ints, c.device, c.mesh));
       }
     }
     results = e.launch(*c.executable, args, c.result_types, c.device, c.graph_hash, c.checks);

@@ -8,7 +8,8 @@
 //   cpu_fallback.cpp  ops without a lowering run on CPU, counted and under a policy;
 //                     calls a lowering declines get CPU's error, or count as fallbacks
 //   copy.cpp          allocation and copies between devices (one tpu_copy)
-//   overrides.cpp     PyTorch kernels replaced for tpu (functionalization, autograd, meta)
+//   overrides.cpp     PyTorch kernels replaced for tpu (functionalization, autograd, meta),
+//                     registered as entries of kernel_overrides.h's table
 #pragma once
 
 #include <ATen/Tensor.h>

@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "device/spmd.h"
 #include "engine/engine.h"
 #include "engine/trace.h"
 #include "lowering/registry.h"
@@ -328,6 +329,12 @@ at::Tensor download(const ValuePtr& value) {
     Engine::get().compute(value);
     if (value->padded_only()) padded = value->padded;
     else buffer = Engine::get().materialize(value);
+  }
+  if (buffer && buffer->sharding) {  // laid out over a mesh: gathered from its shards
+    at::Tensor out = download_sharded(*buffer);
+    Engine::get().raise_failed_checks(value->device);
+    Engine::get().metrics().bytes_to_host += value->type.nbytes();
+    return out;
   }
   const DeviceBuffer& source = padded ? *padded->buffer : *buffer;
   if (tracing()) {

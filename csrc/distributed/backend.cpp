@@ -19,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
 
+#include "device/kernel_overrides.h"
 #include "device/tensor.h"
 #include "engine/engine.h"
 #include "lowering/collective.h"
@@ -625,7 +626,8 @@ void register_c10d_functionalization() {
   static bool done = false;
   if (done) return;
   done = true;
-  static torch::Library library(torch::Library::IMPL, "c10d", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
+  KernelOverride library("functionalize c10d", "c10d", c10::DispatchKey::Functionalize, OverrideKind::Adds,
+                         "every c10d:: op that takes tensors and has no Functionalize kernel");
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("c10d::", 0) != 0) continue;
     auto handle = c10::Dispatcher::singleton().findOp(name);
@@ -638,8 +640,8 @@ void register_c10d_functionalization() {
                         type->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType);
     }
     if (!takes_tensors) continue;
-    std::string op = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    library.impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&c10d_functionalize>());
+    library.impl(name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name),
+                 torch::CppFunction::makeFromBoxedFunction<&c10d_functionalize>());
   }
 }
 

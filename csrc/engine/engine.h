@@ -71,9 +71,12 @@ class Engine {
   // Records an op on device tensors and returns its outputs: computed now in debug/strict
   // mode, pending (computed at the next flush) in fused mode.
   // `body` is the traced function of a structured op (torchtpu::scan).
+  // Single-process SPMD: outputs live on the mesh of their operands (`mesh`, where given:
+  // torchtpu::shard's); operands of one device on the mesh's first device are replicated onto
+  // it, operands of two meshes raise std::invalid_argument.
   std::vector<ValuePtr> record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
                                std::vector<TensorType> outputs, int device,
-                               std::shared_ptr<const Subgraph> body = nullptr);
+                               std::shared_ptr<const Subgraph> body = nullptr, MeshPtr mesh = nullptr);
   ValuePtr from_buffer(BufferPtr buffer);
   // A value whose contents were dropped (a freed storage): reading it raises `error`, view
   // copies of it are dropped values too (Value::dropped).
@@ -144,19 +147,28 @@ class Engine {
     std::vector<int> random_seed_slots;     // per random node: int-scalar slot of its seed (offset follows)
     std::vector<CheckQueue::Entry> checks;  // its runtime checks (pass them to launch)
     uint64_t graph_hash = 0;
+    // A partitioned executable (roots on a mesh): its mesh and each parameter's layout (pass
+    // parameters through argument_for_mesh, scalar packs uploaded for the mesh).
+    MeshPtr mesh;
+    std::vector<std::string> param_shardings;
   };
   // Compiles (or finds in the caches) and runs the pending graph that computes `roots`
-  // (and any other live pending value) on `device`, donating no parameter. The executable's
-  // results are `roots` first. The caller holds the engine lock.
+  // (and any other live pending value of their mesh) on `device`, donating no parameter. The
+  // executable's results are `roots` first; roots must share one mesh (or none). The caller
+  // holds the engine lock.
   CaptureRun run_for_capture(const std::vector<ValuePtr>& roots, int device);
   // The scalar packs an executable takes after its parameters: floats in the platform's
   // float type (f64, or f32 where the platform has no f64), ints as i64.
-  BufferPtr upload_float_scalars(const std::vector<double>& values, int device);
-  BufferPtr upload_int_scalars(const std::vector<int64_t>& values, int device);
+  // A partitioned executable (`mesh`) takes them replicated over its mesh.
+  BufferPtr upload_float_scalars(const std::vector<double>& values, int device, const MeshPtr& mesh = nullptr);
+  BufferPtr upload_int_scalars(const std::vector<int64_t>& values, int device, const MeshPtr& mesh = nullptr);
   // Launches an executable on `args` (parameters, then the scalar packs it takes) and
   // counts it; sync(wait=true) waits for its results. graph_hash names it in traces. An
   // executable with runtime checks returns their flags last: `checks` says what they mean,
   // and they are queued, not returned.
+  // A partitioned executable's arguments: a buffer of one device is replicated onto its mesh
+  // (through the host).
+  BufferPtr argument_for_mesh(const BufferPtr& buffer, const MeshPtr& mesh);
   std::vector<BufferPtr> launch(Executable& exe, const std::vector<BufferPtr>& args,
                                 const std::vector<TensorType>& result_types, int device, uint64_t graph_hash,
                                 const std::vector<CheckQueue::Entry>& checks = {});
@@ -239,8 +251,8 @@ class Engine {
   enum class Stage { Lowering, Compiling, Running };
   std::exception_ptr explain_failure(Graph& graph, Stage stage, std::exception_ptr error);
   // The first node (in graph order) of `candidates` that fails to compile alone, or null.
-  Node* first_failing_node(const std::vector<Node*>& candidates, int device, std::string* message);
-  bool compiles_alone(const std::vector<Node*>& nodes, int device, std::string* message);
+  Node* first_failing_node(const std::vector<Node*>& candidates, int device, const MeshPtr& mesh, std::string* message);
+  bool compiles_alone(const std::vector<Node*>& nodes, int device, const MeshPtr& mesh, std::string* message);
   // Roots that depend on a failed node become failed values (reading them raises its
   // error) and leave the graph; false when none did.
   bool drop_failed_roots(Graph& graph);

@@ -29,6 +29,8 @@ struct Engine::Graph {
   bool bucketable = false;  // a fused flush: may run padded to a bucket of its sizes (buckets.cpp)
   Stage stage = Stage::Lowering;  // how far running it got (a failure is explained by it)
   std::vector<int64_t> replica_devices;  // set when the graph holds collectives
+  // Single-process SPMD: the mesh of its roots; it compiles to one partitioned executable.
+  MeshPtr mesh;
 };
 
 // Orders the pending nodes reachable from the roots (operands first), without recursion;
