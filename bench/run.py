@@ -30,6 +30,9 @@ Besides the table it measures
   * varying lengths: a small causal LM trained in fused mode over 40 random sequence
     lengths, TORCHTPU_BUCKETS=pow2 vs off, each in a fresh process with an empty cache
     (bench/varlen.py; runs alone too),
+  * text generation: Hugging Face generate() on the benchmark LM (batch 8, prompt 128, 128
+    new tokens) in fused mode and with the decode step compiled, against CPU eager and the
+    same decode loop in pure JAX (bench/generate.py; runs alone too),
 and prints every ratio against its target (pass/miss).
 
 Writes bench/results/<platform>.json, .md and .png.
@@ -72,13 +75,14 @@ from common import RESULTS_DIR, markdown_table, results_path, write_results  # n
 from distributed import distributed_table, run_distributed  # noqa: E402
 from input_pipeline import input_table, run_input  # noqa: E402
 from varlen import run_varlen, varlen_table  # noqa: E402
+from generate import generate_table, ms_of, run_generate  # noqa: E402
 from models import (GPT, GPTConfig, LSTMLM, LSTMConfig, ResNet, ResNetConfig, count_params,  # noqa: E402
                     make_image_batch, make_lm_batch, make_optimizer, train_step)
 
 ALL_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile", "eager", "inductor", "jax")
 TPU_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile")
 ALL_MODELS = ("gpt", "resnet", "lstm")
-ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "input", "distributed", "varlen")
+ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "input", "distributed", "varlen", "generate")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -677,7 +681,7 @@ def _t(results, model, variant):
     return r.get("median_step_s") if r else None
 
 
-def targets(results, first_steps):
+def targets(results, first_steps, generate=None):
     """[(name, ratio, op, threshold, definition)]; ratio None when not measured."""
     rows = []
 
@@ -703,6 +707,11 @@ def targets(results, first_steps):
     for fs in first_steps:
         add(f"{fs['spec']}: warm-cache first step vs cold", fs.get("warm_over_cold"), "<=", 0.2,
             "first_step_warm / first_step_cold (subprocesses)")
+    if generate:
+        add("generate: compiled decode vs pure JAX", div(ms_of(generate, "tpu-compile"), ms_of(generate, "jax")),
+            "<=", 1.2, "ms per token, tpu-compile / jax")
+        add("generate: fused vs compiled decode", div(ms_of(generate, "tpu-fused"), ms_of(generate, "tpu-compile")),
+            "<=", 1.5, "ms per token, tpu-fused / tpu-compile")
     return rows
 
 
@@ -848,14 +857,14 @@ def versions(torchtpu):
 
 
 def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final, input_pipeline=None,
-         distributed=None, scan=None, varlen=None):
+         distributed=None, scan=None, varlen=None, generate=None):
     """Builds the report; prints it when final; writes the .json/.md (and .png when final).
     Called after every variant too, so a run killed by a timeout keeps what it measured."""
     if True:
         meta["to_device_untied_gpt_weights"] = sorted(_UNTIED)
         if _UNTIED and final:
             print(f"\nNOTE: model.to() lost GPT's weight tying on {sorted(_UNTIED)}; re-tied (GPT.tie_weights)")
-        trows = targets(results, first_steps)
+        trows = targets(results, first_steps, generate)
         losses = {}
         for r in results:
             if r.get("final_loss") is not None:
@@ -887,6 +896,8 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
                          distributed_table(distributed), ""]
         if varlen:
             sections += ["## Fused mode over varying lengths: buckets vs exact sizes\n", varlen_table(varlen), ""]
+        if generate:
+            sections += ["## Text generation: generate() per new token\n", generate_table(generate), ""]
         errors = [r for r in results if r.get("error")]
         if errors:
             sections += ["## Errors\n"] + [f"- {r['model']} {r['variant']}: `{r['error']}`" for r in errors] + [""]
@@ -901,7 +912,7 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
                       f"{time.strftime('%Y-%m-%d %H:%M')}; " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n")
             payload = dict(results=results, targets=trows, first_steps=first_steps, scaling=scaling, scan=scan,
                            perop=perop, input_pipeline=input_pipeline, distributed=distributed, varlen=varlen,
-                           loss_check=loss_check)
+                           generate=generate, loss_check=loss_check)
             name = f"{platform}-{args.tag}" if args.tag else platform
             jpath = write_results(name, [payload], meta=meta)
             base = os.path.splitext(results_path(name))[0]
@@ -963,7 +974,7 @@ def main(argv=None):
             ap.error(f"unknown model {m!r}")
 
     need_tpu = (any(v in TPU_VARIANTS for v in variants) and "main" not in skip) or \
-        not {"firststep", "scaling", "scan", "perop", "input", "distributed", "varlen"} <= skip
+        not {"firststep", "scaling", "scan", "perop", "input", "distributed", "varlen", "generate"} <= skip
     torchtpu = load_torchtpu() if need_tpu else None
     if torchtpu is None:
         variants = [v for v in variants if v not in TPU_VARIANTS]
@@ -986,6 +997,7 @@ def main(argv=None):
 
     setups = model_setups(size, args.batch)
     results, first_steps, scaling, perop, input_pipeline, distributed, scan, varlen = [], [], [], None, None, None, [], None
+    generate = None
     if "main" not in skip:
         print("\n== training steps, side by side ==")
         results = run_main(models, variants, setups, args, torchtpu,
@@ -1015,6 +1027,12 @@ def main(argv=None):
             varlen = run_varlen(timeout=max(args.child_timeout, 900))  # 40 compiles when exact
         except Exception as exc:
             print("varying-lengths benchmark FAILED:", str(exc)[:800])
+    if "generate" not in skip:
+        print("\n== text generation: generate() fused, compiled decode, CPU eager, pure JAX ==")
+        try:
+            generate = run_generate(torchtpu, size)
+        except Exception as exc:
+            print("generation benchmark FAILED:", str(exc)[:800])
     if "scaling" not in skip and "gpt" in setups:
         print("\n== LM scaling (fused) ==")
         scaling = run_scaling(setups, args, torchtpu, results)
@@ -1027,7 +1045,7 @@ def main(argv=None):
         first_steps = run_first_steps(specs, args)
 
     emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final=True,
-         input_pipeline=input_pipeline, distributed=distributed, scan=scan, varlen=varlen)
+         input_pipeline=input_pipeline, distributed=distributed, scan=scan, varlen=varlen, generate=generate)
     if _OWN_CACHE:
         import shutil
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)

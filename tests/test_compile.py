@@ -16,7 +16,9 @@ import torchtpu
 from torchtpu import _C, compiler
 from utils import assert_close
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder holding the torchtpu under test: the source tree, or site-packages when the tests
+# run against an installed torchtpu (`make check-torch-range`), whose source tree has no glue.
+IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(torchtpu.__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -328,7 +330,7 @@ _SECOND_PROCESS = textwrap.dedent(
 
 def test_disk_cache_second_process_compiles_nothing():
     with tempfile.TemporaryDirectory(prefix="torchtpu-compile-cache-") as cache:
-        env = dict(os.environ, TORCHTPU_CACHE_DIR=cache, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, TORCHTPU_CACHE_DIR=cache, PYTHONPATH=IMPORT_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         runs = []
         for _ in range(2):
             proc = subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True, text=True,

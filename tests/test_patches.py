@@ -41,6 +41,9 @@ COVERED_ELSEWHERE = {
     "lightning accelerator connector": "tests/test_lightning.py::test_trainer_on_tpu_matches_cpu",
     "pytorch_lightning accelerator connector":
         "tests/test_lightning.py::test_standalone_pytorch_lightning_gets_the_same_adapter",
+    "transformers decode loop": "tests/test_generate.py::test_greedy_tokens_equal_cpu_with_compiles_that_do_not_grow",
+    "transformers compile config":
+        "tests/test_generate.py::test_inductor_compile_config_uses_the_tpu_backend",
 }
 
 
@@ -51,7 +54,9 @@ def _adapter_args(name):
                "huggingface_hub shared tensors": "huggingface_hub.serialization._torch",
                "lightning accelerator connector": "lightning.pytorch.trainer.connectors.accelerator_connector",
                "pytorch_lightning accelerator connector":
-                   "pytorch_lightning.trainer.connectors.accelerator_connector"}
+                   "pytorch_lightning.trainer.connectors.accelerator_connector",
+               "transformers decode loop": "transformers.generation.utils",
+               "transformers compile config": "transformers.modeling_utils"}
     if name not in modules:
         return ()
     module = importlib.import_module(modules[name])
@@ -275,6 +280,8 @@ def _changed_torch():
     import huggingface_hub.serialization._torch as hub_torch
     import lightning.pytorch.trainer.connectors.accelerator_connector as lightning_connector
     import safetensors.torch
+    import transformers.generation.utils as generation_utils
+    import transformers.modeling_utils as modeling_utils
 
     inference_mode = torch.autograd.grad_mode.inference_mode
     return [  # patch, owner, attribute, what a changed torch has there, the complaint
@@ -308,6 +315,8 @@ def _changed_torch():
         ("huggingface_hub shared tensors", hub_torch, "storage_ptr", _other_signature, "takes"),
         ("lightning accelerator connector", lightning_connector._AcceleratorConnector, "_choose_strategy", None,
          "does not exist"),
+        ("transformers decode loop", generation_utils.GenerationMixin, "_sample", _other_signature, "takes"),
+        ("transformers compile config", modeling_utils.PreTrainedModel, "get_compiled_call", None, "does not exist"),
     ]
 
 

@@ -26,7 +26,7 @@ _versions.check_versions()
 def _initialize():
     __import__("torchtpu.integrations", fromlist=["_"]).adapters_enabled()  # a bad setting fails before any change
     settings = _settings.read()  # every other setting, checked before anything starts
-    from torchtpu import _C
+    _C = _versions.load_core(torch.__version__)  # the glue compiled for this torch minor
 
     local_rank, local_world_size = _process_layout()
     # The runtime (jaxlib's client) starts at the first tpu use, so that a torchrun process

@@ -66,7 +66,7 @@ _install_lock = threading.RLock()
 # Modules that register patches besides this one (imported by entries()).
 _REGISTERING_MODULES = ("torchtpu.distributed", "torchtpu.integrations.accelerate",
                         "torchtpu.integrations.safetensors", "torchtpu.integrations.huggingface_hub",
-                        "torchtpu.integrations.lightning")
+                        "torchtpu.integrations.lightning", "torchtpu.integrations.transformers")
 
 
 def patch(name: str, targets: tuple[str, ...], when: str = "import", library: str = "torch",
@@ -739,11 +739,22 @@ def _patch_compile_cache():
 
     from torchtpu import _compile_cache
 
+    # torch 2.11 builds the fx config in try_load and passes it: (gm, example_inputs, config,
+    # fx_config); 2.12 and later pass (mod, example_inputs, config, compiler_config_extra), and
+    # 2.14 and later add act_input_paths, which AOTAutogradCacheDetails takes as well.
+    own_key = getattr(autograd_cache, "autograd_cache_key", None)
+    takes_fx_config = own_key is not None and "fx_config" in inspect.signature(own_key).parameters
     key = checked("compile cache", autograd_cache, "autograd_cache_key",
-                  params=("mod", "example_inputs", "config", "compiler_config_extra"))
-    checked("compile cache", AOTAutogradCache, "try_load", reads=("autograd_cache_key", "create_fx_config"))
-    checked("compile cache", autograd_cache.AOTAutogradCacheDetails, "__init__",
-            reads=("_init_fx_graph_hash_details",))
+                  params=("gm", "example_inputs", "config", "fx_config") if takes_fx_config else
+                  ("mod", "example_inputs", "config", "compiler_config_extra"))
+    checked("compile cache", AOTAutogradCache, "try_load",
+            reads=("autograd_cache_key",) if takes_fx_config else ("autograd_cache_key", "create_fx_config"))
+    # 2.13 and later compute Inductor's part of the key in _init_fx_graph_hash_details, which
+    # _compile_cache's details class leaves out; 2.11 and 2.12 compute it in __init__ (their keys
+    # then cost an Inductor import, and stay correct).
+    if hasattr(autograd_cache.AOTAutogradCacheDetails, "_init_fx_graph_hash_details"):
+        checked("compile cache", autograd_cache.AOTAutogradCacheDetails, "__init__",
+                reads=("_init_fx_graph_hash_details",))
     candidates = checked("compile cache", AOTAutogradCache, "iterate_over_candidates",
                          params=("local", "remote_cache", "key"))
     write = checked("compile cache", AOTAutogradCache, "_write_to_local_cache", params=("key", "content"))
@@ -751,13 +762,13 @@ def _patch_compile_cache():
     checked("compile cache", AOTAutogradCache, "save", reads=("_write_to_local_cache",))
 
     @functools.wraps(key)
-    def autograd_cache_key(mod, example_inputs, config, compiler_config_extra=None):
+    def autograd_cache_key(mod, example_inputs, config, extra=None, *details):
         # Without Inductor's part, whose computation imports all of Inductor (see cache_key).
         if not _compile_cache.active():
-            return key(mod, example_inputs, config, compiler_config_extra)
+            return key(mod, example_inputs, config, extra, *details)
         gm = mod.gm if isinstance(mod, torch._dynamo.utils.GmWrapper) else mod
-        fx_config = autograd_cache.create_fx_config(compiler_config_extra)
-        return _compile_cache.cache_key(gm, example_inputs, config, fx_config), []
+        fx_config = extra if takes_fx_config else autograd_cache.create_fx_config(extra)
+        return _compile_cache.cache_key(gm, example_inputs, config, fx_config, *details), []
 
     @functools.wraps(candidates)
     def iterate_over_candidates(cls, local, remote_cache, key):

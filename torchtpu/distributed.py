@@ -232,6 +232,11 @@ def install() -> None:
     """Registers the "tpu" backend, the default for tpu tensors (init_process_group())."""
     if not dist.is_available() or "tpu" in dist.Backend.backend_list:
         return
+    # transformers names the "tpu" device's backend "tpu_dist" (torch_tpu's name) when it starts
+    # torch.distributed itself (from_pretrained with a tp_plan or distributed_config): the same
+    # backend under that name. Registered first, so that "tpu" stays the device's default.
+    if "tpu_dist" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("tpu_dist", _create_backend, extended_api=True, devices=["tpu"])
     dist.Backend.register_backend("tpu", _create_backend, extended_api=True, devices=["tpu"])
     _patches.apply("process group default backend")  # installed with the other patches already
     # Each collective first checks that every rank issued the same one (a mismatch would

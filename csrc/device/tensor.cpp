@@ -357,6 +357,7 @@ at::Tensor download(const ValuePtr& value) {
   at::Tensor out = at::empty(value->type.shape, at::TensorOptions().dtype(want));
   if (out.numel()) out.copy_(host.reshape(value->type.shape));
   Engine::get().metrics().bytes_to_host += stored.nbytes();
+  Engine::get().metrics().downloads++;
   return out;
 }
 

@@ -209,6 +209,7 @@ void Engine::reset_metrics() {
   metrics_.execute_count = 0;
   metrics_.bytes_to_device = 0;
   metrics_.bytes_to_host = 0;
+  metrics_.downloads = 0;
   metrics_.recompilations = 0;
   metrics_.donated_buffers = 0;
   metrics_.compile_seconds = 0;
@@ -632,18 +633,39 @@ std::vector<BufferPtr> Engine::launch_graph(Executable& exe, const std::vector<B
 
 // ---- running a graph: plan donation, lift scalars, hash, find or compile, launch -------
 
+// A padded graph's parameter that carries the buffer of a value computed padded (buckets.cpp):
+// donatable when that value is the buffer's only other holder and only pending nodes hold it.
+bool Engine::carried_unheld(const Value& param) const {
+  for (const auto& [carrier, owner] : carried_owners_) {
+    if (carrier != &param) continue;
+    ValuePtr value = owner.lock();
+    return value && value->padded && value->padded->buffer == param.buffer && param.buffer.use_count() == 2 &&
+           value.use_count() - 1 == value->node_uses.load();
+  }
+  return false;
+}
+
 // A parameter nothing else holds gives its buffer to a root of the same type (an optimizer
 // step then updates parameters without copies).
 void Engine::plan_donation(Graph& g) {
   g.aliasing.assign(g.params.size(), -1);
   std::vector<bool> root_taken(g.roots.size(), false);
+  for (auto [value, root] : g.donate_to_root) {
+    auto it = g.param_index.find(value);
+    if (it == g.param_index.end() || root_taken[root] || !(g.roots[root]->type == value->type)) continue;
+    if (g.mesh && !g.params[it->second]->buffer->sharding) continue;  // replicated for the launch: a copy
+    root_taken[root] = true;
+    g.aliasing[it->second] = root;
+  }
   for (size_t p = 0; p < g.params.size(); ++p) {
     const ValuePtr& param = g.params[p];
-    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer.use_count() == 1 &&
-                  !param->buffer->shared_outside.load();
+    if (g.aliasing[p] >= 0) continue;
+    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer &&
+                  !param->buffer->shared_outside.load() &&
+                  (param->buffer.use_count() == 1 || carried_unheld(*param));
     // On a mesh only a buffer laid out over it is passed as it is (one of a single device is
     // replicated onto the mesh for the launch: that copy is not the value's buffer).
-    bool passed_as_is = !g.mesh || param->buffer->sharding;
+    bool passed_as_is = unheld && (!g.mesh || param->buffer->sharding);
     if (!g.donate || !unheld || !passed_as_is || param->type.numel() == 0) continue;
     for (size_t r = 0; r < g.roots.size(); ++r) {
       if (!root_taken[r] && g.roots[r]->type == param->type) {
@@ -1222,10 +1244,12 @@ std::shared_ptr<const Subgraph> Engine::end_body(const std::vector<ValuePtr>& ou
 
 // ---- torch.compile capture support (see device/capture.cpp) ---------------------------
 
-Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, int device) {
+Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, int device,
+                                           const std::vector<std::pair<const Value*, int>>& donations) {
   Graph graph;
   graph.device = device;
   graph.donate = false;
+  graph.donate_to_root = donations;
   graph.mesh = roots.empty() ? nullptr : roots.front()->mesh;
   if (hooks_.python_origin) graph.origin = hooks_.python_origin();
   graph.roots = roots;
@@ -1262,6 +1286,7 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
   run.checks = graph.check_entries;
   run.graph_hash = graph.hash;
   run.params = graph.params;
+  run.aliasing = graph.aliasing;
   run.mesh = graph.mesh;
   if (graph.mesh)
     for (size_t p = 0; p < graph.params.size(); ++p) run.param_shardings.push_back(argument_sharding(graph, p));

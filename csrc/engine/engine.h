@@ -43,6 +43,7 @@ struct Metrics {
   std::atomic<int64_t> execute_count{0};
   std::atomic<int64_t> bytes_to_device{0};
   std::atomic<int64_t> bytes_to_host{0};
+  std::atomic<int64_t> downloads{0};  // copies to the host: each waits for the device (a host sync)
   std::atomic<int64_t> recompilations{0};
   std::atomic<int64_t> donated_buffers{0};
   double compile_seconds = 0.0;
@@ -141,6 +142,7 @@ class Engine {
   struct CaptureRun {
     ExecutablePtr executable;               // null when there was nothing to run
     std::vector<ValuePtr> params;           // executable parameters, in order
+    std::vector<int> aliasing;              // per parameter: the result it was donated to, or -1
     std::vector<TensorType> result_types;   // the roots asked for first, then other live values
     std::vector<double> float_scalars;      // lifted scalars, as passed this time
     std::vector<int64_t> int_scalars;
@@ -153,10 +155,11 @@ class Engine {
     std::vector<std::string> param_shardings;
   };
   // Compiles (or finds in the caches) and runs the pending graph that computes `roots`
-  // (and any other live pending value of their mesh) on `device`, donating no parameter. The
-  // executable's results are `roots` first; roots must share one mesh (or none). The caller
-  // holds the engine lock.
-  CaptureRun run_for_capture(const std::vector<ValuePtr>& roots, int device);
+  // (and any other live pending value of their mesh) on `device`, donating no parameter but
+  // those in `donations` (parameter value, root index). The executable's results are `roots`
+  // first; roots must share one mesh (or none). The caller holds the engine lock.
+  CaptureRun run_for_capture(const std::vector<ValuePtr>& roots, int device,
+                             const std::vector<std::pair<const Value*, int>>& donations = {});
   // The scalar packs an executable takes after its parameters: floats in the platform's
   // float type (f64, or f32 where the platform has no f64), ints as i64.
   // A partitioned executable (`mesh`) takes them replicated over its mesh.
@@ -202,6 +205,7 @@ class Engine {
  private:
   // The steps of running a graph (run_graph), in order.
   void plan_donation(Graph& graph);
+  bool carried_unheld(const Value& param) const;
   void lift_scalars(Graph& graph);
   void hash_graph(Graph& graph);
   CompiledPtr find_or_compile(Graph& graph);
@@ -235,6 +239,10 @@ class Engine {
   void compute_unpadded(const ValuePtr& value);
   std::shared_ptr<BucketState> buckets_ = std::make_shared<BucketState>();
   int bucket_depth_ = 0;  // > 0 while a bucketed graph is being recorded
+  // While a padded graph runs: its parameters that carry a padded-only value's buffer, and
+  // that value. plan_donation donates such a buffer when nothing but pending nodes holds the
+  // value (the cache a decode step grows), as it does a plain parameter's.
+  std::vector<std::pair<const Value*, std::weak_ptr<Value>>> carried_owners_;
   // What recording learns about each node signature (Node::hash) the first time it meets it,
   // by lowering the node alone: whether it has runtime checks (its origin is then kept).
   // A node that cannot be lowered raises at once, at the user's line, and never joins a graph.

@@ -130,6 +130,7 @@ py::dict counters() {
   d["execute_count"] = m.execute_count.load();
   d["bytes_to_device"] = m.bytes_to_device.load();
   d["bytes_to_host"] = m.bytes_to_host.load();
+  d["downloads"] = m.downloads.load();
   d["recompilations"] = m.recompilations.load();
   d["donated_buffers"] = m.donated_buffers.load();
   py::dict fallbacks;
@@ -403,12 +404,13 @@ PYBIND11_MODULE(_C, m) {
     capture_begin(tensors);
   });
   m.def("capture_abort", &capture_abort);
-  m.def("capture_end", [](const py::sequence& inputs, const py::sequence& outputs) -> py::object {
+  m.def("capture_end", [](const py::sequence& inputs, const py::sequence& outputs,
+                          const std::vector<std::pair<int, int>>& updates) -> py::object {
     auto ins = tensors_of(inputs), outs = tensors_of(outputs);
     CapturePtr capture;
     {
       py::gil_scoped_release release;
-      capture = capture_end(ins, outs);
+      capture = capture_end(ins, outs, updates);
     }
     if (!capture) return py::none();
     std::vector<at::Tensor> first;

@@ -178,6 +178,9 @@ class JaxlibRuntime final : public Runtime {
     jax_module_ = py::module_::import("jax._src.lib").attr("_jax");
     // Looked up once: attr("name") per launch would build the name's Python string each time.
     consume_with_handlers_ = jax_module_.attr("ExecuteResults").attr("consume_with_handlers");
+    // array_result_handler's private `_skip_checks` (result_handler_like).
+    handlers_take_skip_checks_ =
+        py::module_::import("jax._src.lib").attr("jaxlib_extension_version").cast<int>() < 489;
     devices_ = node_local_devices(client_.attr("local_devices")().cast<py::list>(), layout);
     py::object version = py::module_::import("jaxlib.version").attr("__version__");
     version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
@@ -586,17 +589,26 @@ class JaxlibRuntime final : public Runtime {
     return options;
   }
 
+  // jaxlib's handler that wraps a later launch's result like `array` (its type and sharding).
+  // jaxlib 0.12 (extension version 489) dropped the private `_skip_checks` argument; jax's own
+  // array.py passes it only below that version.
+  py::object result_handler_like(py::handle array) {
+    py::object make_handler = jax_module_.attr("array_result_handler");
+    if (handlers_take_skip_checks_)
+      return make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true,
+                          py::arg("_skip_checks") = true);
+    return make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true);
+  }
+
   // An executable's first results, split per output by jaxlib; their types and shardings
   // become the handlers later launches wrap results with (what jax's own dispatch does).
   py::list first_results(JaxExecutable& exe, py::object results) {
     py::list per_output;
     py::list handlers;
-    py::object make_handler = jax_module_.attr("array_result_handler");
     for (py::handle shards : py::list(results.attr("disassemble_into_single_device_arrays")())) {
       py::object array = py::reinterpret_borrow<py::list>(shards)[0];
       per_output.append(array);
-      handlers.append(make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true,
-                                   py::arg("_skip_checks") = true));
+      handlers.append(result_handler_like(array));
     }
     exe.result_handlers = handlers;
     exe.has_handlers = true;
@@ -613,7 +625,6 @@ class JaxlibRuntime final : public Runtime {
       throw std::runtime_error("torchtpu: a partitioned executable returned an unexpected number of results");
     py::list per_output;
     py::list handlers;
-    py::object make_handler = jax_module_.attr("array_result_handler");
     py::object from_proto = xla_client_.attr("HloSharding").attr("from_proto");
     exe.result_shardings.clear();
     for (size_t i = 0; i < types.size(); ++i) {
@@ -623,8 +634,7 @@ class JaxlibRuntime final : public Runtime {
       py::object array = make_array_from_single_device_arrays_(py::tuple(py::cast(types[i].shape)),
                                                                jax_sharding(*sharding), per_device[i]);
       per_output.append(array);
-      handlers.append(make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true,
-                                   py::arg("_skip_checks") = true));
+      handlers.append(result_handler_like(array));
       exe.result_shardings.push_back(std::move(sharding));
     }
     exe.result_handlers = handlers;
@@ -677,6 +687,7 @@ class JaxlibRuntime final : public Runtime {
   py::object host_device_;
   py::object device_put_;
   py::object consume_with_handlers_;
+  bool handlers_take_skip_checks_ = false;
   std::vector<py::object> devices_;
   std::map<std::string, py::object> jax_shardings_;
   py::object make_array_from_single_device_arrays_;

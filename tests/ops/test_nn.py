@@ -146,6 +146,18 @@ def test_sdpa_causal(mode):
           no_fallback=False)
 
 
+def test_sdpa_at_decode_shapes(mode):
+    # One query against a static KV cache of 6 slots, 4 filled (a padding mask from the cache
+    # position), grouped query heads (4 query heads on 2 key/value heads), and is_causal with
+    # one query (PyTorch aligns it top-left: the first key only).
+    q, k, v = r(2, 4, 1, 8, grad=False), r(2, 2, 6, 8, grad=False), r(2, 2, 6, 8, grad=False)
+    filled = (torch.arange(6) <= 3).view(1, 1, 1, 6).expand(2, 1, 1, 6)
+    check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True), q, k, v, filled,
+          atol=1e-5)
+    q2 = r(2, 2, 1, 8, grad=False)
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q2, k, v, atol=1e-5)
+
+
 # -- end to end --------------------------------------------------------------------------------------
 
 # -- unfold / fold (im2col / col2im) ----------------------------------------------------------------

@@ -22,6 +22,8 @@ _ADAPTERS = {
     "accelerate.state": "torchtpu.integrations.accelerate",
     "lightning.pytorch.trainer.connectors.accelerator_connector": "torchtpu.integrations.lightning",
     "pytorch_lightning.trainer.connectors.accelerator_connector": "torchtpu.integrations.lightning",
+    "transformers.generation.utils": "torchtpu.integrations.transformers",
+    "transformers.modeling_utils": "torchtpu.integrations.transformers",
 }
 
 _SETTING = "TORCHTPU_INTEGRATIONS"
