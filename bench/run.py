@@ -1,7 +1,7 @@
 """Side-by-side training-step benchmark (``make bench``).
 
 In ONE process (so that all timings share the machine state), for each model
-(GPT language model, ResNet CNN) a full training step (zero_grad, forward,
+(GPT language model, ResNet CNN, LSTM language model) a full training step (zero_grad, forward,
 backward, AdamW step) is timed for these variants:
 
     tpu-strict   torchtpu "tpu" device, strict mode (one executable per op)
@@ -76,12 +76,12 @@ from distributed import distributed_table, run_distributed  # noqa: E402
 from input_pipeline import input_table, run_input  # noqa: E402
 from varlen import run_varlen, varlen_table  # noqa: E402
 from generate import generate_table, ms_of, run_generate  # noqa: E402
-from models import (GPT, GPTConfig, ResNet, ResNetConfig, count_params, make_image_batch,  # noqa: E402
-                    make_lm_batch, make_optimizer, train_step)
+from models import (GPT, GPTConfig, LSTMLM, LSTMConfig, ResNet, ResNetConfig, count_params,  # noqa: E402
+                    make_image_batch, make_lm_batch, make_optimizer, train_step)
 
 ALL_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile", "eager", "inductor", "jax")
 TPU_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile")
-ALL_MODELS = ("gpt", "resnet")
+ALL_MODELS = ("gpt", "resnet", "lstm")
 ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "input", "distributed", "varlen", "generate")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -109,16 +109,18 @@ def model_setups(size: str, batch: int | None):
     if size == "small":
         # Sized for a 2-core CPU: the whole `make bench` stays under 10 minutes.
         gpt_cfg = GPTConfig.small(n_layer=4, n_embd=128, n_head=4, block_size=64)
-        res_cfg = ResNetConfig.small()
-        gpt_batch, res_batch, dtype = batch or 8, batch or 16, "float32"
+        res_cfg, lstm_cfg = ResNetConfig.small(), LSTMConfig.small()
+        gpt_batch, res_batch, lstm_batch, dtype = batch or 8, batch or 16, batch or 16, "float32"
     else:
-        gpt_cfg, res_cfg = GPTConfig.gpt2_124m(), ResNetConfig.resnet50()
-        gpt_batch, res_batch, dtype = batch or 8, batch or 32, "bfloat16"
+        gpt_cfg, res_cfg, lstm_cfg = GPTConfig.gpt2_124m(), ResNetConfig.resnet50(), LSTMConfig.large()
+        gpt_batch, res_batch, lstm_batch, dtype = batch or 8, batch or 32, batch or 32, "bfloat16"
     return {
         "gpt": dict(cfg=gpt_cfg, cls=GPT, make_batch=make_lm_batch, batch=gpt_batch,
                     items=gpt_batch * gpt_cfg.block_size, unit="tok", dtype=dtype),
         "resnet": dict(cfg=res_cfg, cls=ResNet, make_batch=make_image_batch, batch=res_batch,
                        items=res_batch, unit="img", dtype=dtype),
+        "lstm": dict(cfg=lstm_cfg, cls=LSTMLM, make_batch=make_lm_batch, batch=lstm_batch,
+                     items=lstm_batch * lstm_cfg.block_size, unit="tok", dtype=dtype),
     }
 
 

@@ -30,6 +30,7 @@ COVERED_ELSEWHERE = {
     "optimizer step": "tests/test_reliability.py::test_a_failed_optimizer_step_is_undone",
     "storage resize": "tests/test_storage_resize.py::test_free_and_reallocate_like_cpu",
     "compile cache": "tests/test_compile_cache.py::test_a_warm_process_skips_aot_autograd_and_trains_the_same",
+    "inductor on tpu": "tests/test_compile.py::test_compile_with_inductor_on_tpu_trains_with_the_tpu_backend",
     "fsdp2 free unsharded parameters": "tests/test_distributed.py::test_fsdp2_dtensor_tensor_parallel_checkpoints",
     "process group default backend": "tests/test_distributed.py::test_ddp_matches_single_process_training",
     "accelerate default device":
@@ -265,6 +266,10 @@ def _other_signature(self, something_else):
     return None
 
 
+def _calls_no_inductor(self, model_, inputs_):
+    return None
+
+
 def _changed_torch():
     from torch._functorch._aot_autograd import autograd_cache
     from torch._subclasses import meta_utils
@@ -298,6 +303,9 @@ def _changed_torch():
         ("compile cache", autograd_cache.AOTAutogradCache, "save", _broken, "no longer reads _write_to_local_cache"),
         ("compile cache", autograd_cache.AOTAutogradCacheDetails, "__init__", _broken,
          "no longer reads _init_fx_graph_hash_details"),
+        ("inductor on tpu", torch._TorchCompileInductorWrapper, "__call__", _other_signature, "takes"),
+        ("inductor on tpu", torch._TorchCompileInductorWrapper, "__call__", _calls_no_inductor,
+         "no longer reads compile_fx"),
         ("fsdp2 storage identity", torch.UntypedStorage, "data_ptr", None, "does not exist"),
         ("fsdp2 free unsharded parameters", FSDPParam, "free_unsharded_param", _broken, "takes"),
         ("process group default backend", distributed_c10d, "_new_process_group_helper", _other_signature, "takes"),

@@ -400,7 +400,7 @@ def _patch_module_apply():
     # compiled graph) gets a new Parameter object; weights shared between modules (tied
     # embeddings) are then re-tied after the move.
     original = checked("module.to", torch.nn.Module, "_apply", params=("self", "fn", "recurse"),
-                       reads=("_parameters",))
+                       reads=("_parameters", "_buffers"))
     future = torch.__future__
     for name in ("get_swap_module_params_on_conversion", "set_swap_module_params_on_conversion"):
         checked("module.to", future, name)
@@ -427,6 +427,7 @@ def _patch_module_apply():
                 or not _touches_tpu(self, fn):
             return original(self, fn, recurse)
         state.active = True
+        lazy = _take_uninitialized(self, fn, recurse)
         try:
             future.set_swap_module_params_on_conversion(True)
             try:
@@ -438,9 +439,32 @@ def _patch_module_apply():
                 future.set_swap_module_params_on_conversion(False)
             return plain_apply_retied(self, fn, recurse)
         finally:
+            for table, name, tensor in lazy:
+                table[name] = tensor
             state.active = False
 
     _replace(torch.nn.Module, "_apply", _apply)
+
+
+def _take_uninitialized(module, fn, recurse):
+    # Lazy modules' UninitializedParameter / UninitializedBuffer hold no data: PyTorch keeps
+    # them through .to() by setting .data, which a tpu tensor cannot take over from a CPU one,
+    # and a swap or a new Parameter loses the class (the module then fails with a 0-element
+    # weight). Each is taken out before the conversion and replaced by a new uninitialized
+    # one on the converted device and dtype, which materializes there at the first forward.
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+    replaced = []
+    for owner in (module.modules() if recurse else [module]):
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in list(table.items()):
+                if not isinstance(tensor, (UninitializedParameter, UninitializedBuffer)):
+                    continue
+                probe = fn(torch.empty(0, dtype=tensor.dtype, device=tensor.device))
+                kind = type(tensor)
+                replaced.append((table, name, kind(requires_grad=tensor.requires_grad, device=probe.device,
+                                                   dtype=probe.dtype)))
+                del table[name]
+    return replaced
 
 
 def _touches_tpu(module, fn) -> bool:
@@ -761,6 +785,39 @@ def _patch_compile_cache():
     _replace(autograd_cache, "autograd_cache_key", autograd_cache_key)
     _replace(AOTAutogradCache, "iterate_over_candidates", iterate_over_candidates)
     _replace(AOTAutogradCache, "_write_to_local_cache", _write_to_local_cache)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.compile(model) with Inductor (the default backend) on tpu tensors.
+
+
+@patch("inductor on tpu", targets=("torch._TorchCompileInductorWrapper.__call__",))
+def _patch_inductor_on_tpu():
+    # Inductor generates code for CPU and CUDA; PyTorch 2.13's takes device "tpu" for Google's
+    # torch_tpu (torch.utils._pallas.has_torch_tpu() only checks that torch.tpu exists) and
+    # emits Pallas code for a package that is not installed, or crashes. torch.compile builds
+    # this wrapper for backend "inductor", by default or by name: a graph whose inputs are on
+    # tpu goes to torchtpu's backend instead (said once), so torch.compile(model) works
+    # unchanged; graphs on other devices still go to Inductor.
+    import warnings
+    wrapper = checked("inductor on tpu", torch, "_TorchCompileInductorWrapper")
+    original = checked("inductor on tpu", wrapper, "__call__", params=("self", "model_", "inputs_"),
+                       reads=("compile_fx",))
+    warned = []
+
+    @functools.wraps(original)
+    def __call__(self, model_, inputs_, **kwargs):
+        if not any(_is_tpu(t) for t in inputs_):
+            return original(self, model_, inputs_, **kwargs)
+        if not warned:
+            warned.append(True)
+            warnings.warn("torchtpu: torch.compile with Inductor (the default backend) on tpu tensors compiles "
+                          "with torchtpu's backend instead (Inductor generates code for CPU and CUDA only); "
+                          "pass backend=\"tpu\" to say so. Inductor's mode and options do not apply.")
+        from torchtpu.compiler import tpu_backend
+        return tpu_backend(model_, inputs_)
+
+    _replace(wrapper, "__call__", __call__)
 
 
 def install():

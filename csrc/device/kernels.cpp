@@ -89,6 +89,15 @@ void register_kernel_overrides() {
     fill_meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&inplace_fill_meta>());
   KernelOverride("autograd copy_ from tpu", "aten", DispatchKey::ADInplaceOrView, OverrideKind::Replaces)
       .impl("copy_", torch::CppFunction(TORCH_FN(copy_inplace_or_view)));
+  KernelOverride packed_sequences("functionalize packed sequences", "aten", DispatchKey::Functionalize,
+                                   OverrideKind::Adds);
+  for (const char* name : {"_pack_padded_sequence", "_pad_packed_sequence"})
+    packed_sequences.impl(name, torch::CppFunction::makeFromBoxedFunction<&host_results_stay_plain_functionalize>());
+  KernelOverride("meta fused LSTM cell", "aten", DispatchKey::Meta, OverrideKind::Replaces)
+      .impl("_thnn_fused_lstm_cell", torch::CppFunction(TORCH_FN(fused_lstm_cell_meta)));
+  KernelOverride("meta fused GRU cell", "aten", DispatchKey::Meta, OverrideKind::Adds)
+      .impl("_thnn_fused_gru_cell", torch::CppFunction(TORCH_FN(fused_gru_cell_meta)))
+      .impl("_thnn_fused_gru_cell_backward", torch::CppFunction(TORCH_FN(fused_gru_cell_backward_meta)));
 }
 
 }  // namespace

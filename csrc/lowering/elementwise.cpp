@@ -198,14 +198,15 @@ void lower_where(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.select(c, a, b));
 }
 
-// threshold_backward(grad, self, threshold): grad where self > threshold else 0.
+// threshold_backward(grad, self, threshold): 0 where self <= threshold, else grad (a NaN self
+// passes its gradient, as CPU's `x <= threshold ? 0 : grad` does).
 void lower_threshold_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V grad = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
   V self = ctx.input(node, 1);
   V threshold = ctx.broadcast_to(ctx.scalar(node, 2, self.type.dtype), self.type.shape);
-  V keep = ctx.broadcast_to(ctx.compare("GT", self, threshold), out.shape);
-  ctx.set_result(ctx.select(keep, grad, ctx.constant(0, out.dtype, out.shape)));
+  V drop = ctx.broadcast_to(ctx.compare("LE", self, threshold), out.shape);
+  ctx.set_result(ctx.select(drop, ctx.constant(0, out.dtype, out.shape), grad));
 }
 
 // fill(self, value) / zero(self)

@@ -71,3 +71,10 @@ def test_rrelu_half_types_that_cpu_computes(mode):
     assert torch.equal(y[~neg], x[~neg])
     slopes = y[neg].float() / x[neg].float()
     assert slopes.min() >= 0.1 - 2e-2 and slopes.max() <= 0.3 + 2e-2
+
+
+def test_relu_backward_passes_the_gradient_at_nan(mode):
+    # CPU's threshold_backward is `x <= threshold ? 0 : grad`: a NaN input keeps its gradient.
+    x = torch.tensor([float("nan"), -1.0, 0.0, 2.0, float("inf"), float("-inf")], requires_grad=True)
+    check(lambda x: (F.relu(x), F.threshold(x, 0.5, -3.0)), x, grad=True)
+    check(lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.0), torch.arange(1.0, 7.0), x.detach())

@@ -479,3 +479,12 @@ def test_to_dtype(mode, src):
 def test_python_scalar_promotion(mode):
     check(lambda t: t + 1.5, torch.arange(3))
     check(lambda t: t * 2.5, torch.tensor(1.0))
+
+
+def test_hardsigmoid_backward_takes_a_sixth_in_float32(mode):
+    # CPU multiplies by 1.0f / 6.0f in every dtype, so a float64 gradient is 0.1666666716...
+    # (The forward's division by 6 may differ in the last bit: XLA multiplies by 1/6.)
+    x = torch.tensor([-4.0, -3.0, -1.0, 0.5, 2.9, 3.0, float("nan")], dtype=torch.float64)
+    g = torch.tensor([1.0, 2.0, 3.0, -1.0, 0.7, 5.0, 1.0], dtype=torch.float64)
+    check(torch.ops.aten.hardsigmoid_backward, g, x, rtol=0, atol=0)
+    check(torch.ops.aten.hardsigmoid_backward, g.float(), x.float(), rtol=0, atol=0)

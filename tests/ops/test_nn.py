@@ -31,6 +31,21 @@ def test_matmul_bf16(mode):
     check(lambda a, b: a.bfloat16() @ b.bfloat16(), r(3, 4), r(4, 5), grad=True, **HALF_PRECISION)  # measured equal
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_add_family_rounds_once_in_half_types(mode, dtype):
+    # CPU's gemm scales and adds the float32 product, then rounds once: bit-equal here (a
+    # product rounded to bfloat16 first was 2x CPU's error against float64).
+    g = torch.Generator().manual_seed(3)
+    a, b, c = (torch.randn(s, generator=g).to(dtype) for s in ((16, 64), (64, 8), (16, 8)))
+    bb, cb, v = torch.randn(4, 64, 8, generator=g).to(dtype), torch.randn(4, 16, 8, generator=g).to(dtype), b[:, 0]
+    check(lambda a, b, c, bb, cb, v: (torch.addmm(c, a, b, beta=0.5, alpha=2.0), torch.addmm(c, a, b),
+                                      torch.baddbmm(cb, a.expand(4, 16, 64), bb, beta=0.25, alpha=-1.5),
+                                      torch.addmv(c[:, 0], a, v, beta=2.0)),
+          a, b, c, bb, cb, v, rtol=0, atol=0)
+    # addbmm: CPU rounds after each batch's addmm_, tpu once at the end (closer to float64).
+    check(lambda a, bb, c: torch.addbmm(c, a.expand(4, 16, 64), bb, alpha=0.5), a, bb, c, rtol=2e-2, atol=0.1)
+
+
 # -- softmax ---------------------------------------------------------------------------------------
 
 def test_softmax_log_softmax(mode):
