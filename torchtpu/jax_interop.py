@@ -26,7 +26,7 @@ import numpy
 import torch
 import torch.utils._pytree as torch_pytree
 
-from torchtpu import _C
+from torchtpu import _C, _pjrt
 
 __all__ = ["to_jax", "from_jax", "jax_op", "register_jax_op", "JaxOp"]
 
@@ -99,6 +99,7 @@ def lower(name: str, fn: Callable, types: Sequence[tuple], x64: bool = False) ->
         # keep_unused: the module takes every input, in order, as the call node passes them.
         traced = jax.jit(fn, keep_unused=True).trace(*specs)
         text = traced.lower(lowering_platforms=(_C.platform(),)).as_text()
+    _pjrt.register_custom_calls(text)
     key = _C.register_stablehlo(name, text)
     out_types = tuple((tuple(shape), _TORCH_DTYPE_OF_CODE[code]) for shape, code in _C.stablehlo_results(key))
     return Lowered(key, traced.out_tree, out_types)

@@ -30,6 +30,7 @@ using namespace torchtpu;
 
 namespace torchtpu {
 void init_buckets(py::module_& m);  // python/buckets.cpp
+void init_pjrt(py::module_& m);     // python/pjrt.cpp
 }  // namespace torchtpu
 
 namespace {
@@ -165,6 +166,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   init_buckets(m);
+  init_pjrt(m);
 
   m.def("configure", [](const std::string& platform, int cpu_devices, int local_rank, int local_world_size) {
     configure_runtime(platform, cpu_devices, ProcessLayout{local_rank, local_world_size});

@@ -1,5 +1,6 @@
 // The Runtime interface: compile StableHLO, run executables, move buffers (no torch or
-// Python headers). Every jaxlib call lives behind it, in jaxlib_runtime.cpp.
+// Python headers). Two implementations: jaxlib's client through pybind11
+// (jaxlib_runtime.cpp) and a PJRT C-API plugin called directly (pjrt_runtime.cpp).
 #pragma once
 
 #include <cstdint>
@@ -101,6 +102,18 @@ class Runtime {
   // from the host heap).
   virtual std::map<std::string, int64_t> memory_stats(int device) = 0;
 
+  // ---- zero-copy sharing with another framework in this process (JAX interop) ----------
+  // Runtimes whose buffers are host memory (the CPU platform) implement these; the jaxlib
+  // runtime's buffers are jax.Arrays already and need neither.
+  // A DLPack tensor over the buffer's memory, holding the buffer until its deleter runs.
+  virtual DLManagedTensor* share(const BufferPtr& buffer) {
+    throw std::logic_error("torchtpu: this runtime cannot share its buffers");
+  }
+  // A buffer over memory another framework owns (`data`, row-major `type`); `release` runs
+  // once the runtime no longer uses the memory, on whichever thread drops it.
+  virtual BufferPtr view_of(void* data, const TensorType& type, int device, std::function<void()> release) {
+    throw std::logic_error("torchtpu: this runtime cannot view foreign buffers");
+  }
 
   // ---- multi-process jobs (one device per process; torch.distributed) --------------------
   // The contents of a small int64 buffer (waits for it).
