@@ -89,6 +89,9 @@ def configure(C, settings, local_rank: int, local_world_size: int) -> str:
     if chosen == "jaxlib":
         C.configure(settings.platform, settings.num_devices, local_rank, local_world_size)
     else:
+        # The plugins log INFO lines to stderr (absl, before any log setup: "cpu_device_count set
+        # via create_options"); warnings and errors still show. A user's own value wins.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         preallocate, fraction = gpu_memory_settings()
         C.configure_pjrt(candidates(settings.platform, settings.pjrt_plugin), settings.num_devices, local_rank,
                          local_world_size, preallocate, fraction)

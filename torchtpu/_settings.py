@@ -117,8 +117,10 @@ def _plugin_file(path: str) -> str:
     runtime starts, which names the plugin and the fix)."""
     path = path.strip()
     if path and not os.path.isfile(os.path.expanduser(path)):
+        from torchtpu._pjrt import CPU_FIX
+
         raise ValueError(f"TORCHTPU_PJRT_PLUGIN={path!r} is not valid: no such file; set it to a PJRT "
-                         "plugin's shared library, or unset it to use the installed plugin")
+                         f"plugin's shared library, or unset it to use the installed plugin ({CPU_FIX})")
     return os.path.abspath(os.path.expanduser(path)) if path else ""
 
 

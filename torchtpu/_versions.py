@@ -52,8 +52,10 @@ def jax_install_command() -> str:
     return f"pip install 'jax[{extra}]{JAX_REQUIREMENT}'"
 
 
-def problems(torch_version: str, built: str | None, jax: str | None, jaxlib: str | None) -> list[str]:
-    """What keeps this build from loading, each with its fix; empty when all is well."""
+def problems(torch_version: str, built: str | None, jax: str | None, jaxlib: str | None,
+             jax_required: bool = True) -> list[str]:
+    """What keeps this build from loading, each with its fix; empty when all is well. Without
+    `jax_required` (the PJRT runtime) a missing jax is no problem, one outside the range is."""
     found = []
     if built is None:
         found.append(
@@ -69,6 +71,8 @@ def problems(torch_version: str, built: str | None, jax: str | None, jaxlib: str
             f"`make build` in a source checkout, or pip install --no-build-isolation <source>)")
     for name, version in (("jax", jax), ("jaxlib", jaxlib)):
         if version is None:
+            if not jax_required:
+                continue
             found.append(f"torchtpu needs {name}{JAX_REQUIREMENT}, which is not installed. "
                          f"Fix: {jax_install_command()}")
         elif not JAX_OLDEST <= release(version) <= JAX_NEWEST:
@@ -82,8 +86,10 @@ def check_versions() -> None:
     """Raises ImportError, before anything loads _C, when this environment cannot run it."""
     import torch
 
-    found = problems(torch.__version__, built_torch_version(), installed("jax"), installed("jaxlib"))
-    if not found:
+    # TORCHTPU_RUNTIME=pjrt runs models without jax; JAX interop and linalg import it at first use.
+    jax_required = os.environ.get("TORCHTPU_RUNTIME", "").strip().lower() != "pjrt"
+    found = problems(torch.__version__, built_torch_version(), installed("jax"), installed("jaxlib"), jax_required)
+    if not found and jax_required:
         try:  # installed is not importable: a broken install, or a folder named jax in the way
             import jax  # noqa: F401
             import jaxlib  # noqa: F401

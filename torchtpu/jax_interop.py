@@ -21,12 +21,13 @@ import re
 import threading
 from typing import Callable, NamedTuple, Sequence
 
-import jax
 import numpy
 import torch
 import torch.utils._pytree as torch_pytree
 
-from torchtpu import _C, _pjrt
+from torchtpu import _C, _lazy, _pjrt
+
+jax = _lazy.module("jax")  # imported at the first use: a plain model needs no jax
 
 __all__ = ["to_jax", "from_jax", "jax_op", "register_jax_op", "JaxOp"]
 
