@@ -203,4 +203,6 @@ def test_compile_options_proto_reads_back_as_xlas():
         assert build.device_assignment.replica_count() == len(ids)
         assert build.device_assignment.computation_count() == 1
         assert str(build.device_assignment).endswith("Computation0{" + " ".join(map(str, ids)) + "}}")
-        assert options.env_option_overrides == [("xla_allow_excess_precision", excess)]
+        assert sorted(options.env_option_overrides) == [("xla_allow_excess_precision", excess),
+                                                        ("xla_cpu_enable_fast_min_max", False),
+                                                        ("xla_gpu_enable_fast_min_max", False)]

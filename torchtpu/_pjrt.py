@@ -39,6 +39,21 @@ def plugin_file(package: str, name: str) -> str | None:
     return None
 
 
+def distribution_of(path: str) -> str:
+    """'<distribution> <version>' of the installed package that holds the plugin file."""
+    import importlib.metadata
+
+    for platform_plugins in PLUGINS.values():
+        for package, file, _ in platform_plugins:
+            if plugin_file(package, file) == path:
+                top = package.split(".")[0]
+                for name in importlib.metadata.packages_distributions().get(top, []):
+                    files = importlib.metadata.distribution(name).files or []
+                    if any(str(f).endswith(package.replace(".", "/") + "/" + file) for f in files):
+                        return f"{name} {importlib.metadata.version(name)}"
+    return "an unknown package"
+
+
 def candidates(platform: str, plugin_override: str) -> list[tuple[str, str, str]]:
     """(platform, plugin path, fix command) to try in order. A requested platform gets one
     entry even when its plugin is missing, so that starting names the fix."""
@@ -92,6 +107,10 @@ def configure(C, settings, local_rank: int, local_world_size: int) -> str:
         # The plugins log INFO lines to stderr (absl, before any log setup: "cpu_device_count set
         # via create_options"); warnings and errors still show. A user's own value wins.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        # jax is only asked to lower (jax_op, linalg, Pallas: any platform lowers from its CPU
+        # backend) and to share CPU memory here; a jax TPU client would take the chips from
+        # torchtpu's, a CUDA one GPU memory. A user's own JAX_PLATFORMS wins.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         preallocate, fraction = gpu_memory_settings()
         C.configure_pjrt(candidates(settings.platform, settings.pjrt_plugin), settings.num_devices, local_rank,
                          local_world_size, preallocate, fraction)

@@ -101,6 +101,10 @@ void init_pjrt(py::module_& m) {
     return count;
   });
 
+  // Whether the PJRT runtime serves this process (known before it starts).
+  m.def("pjrt_selected", &pjrt_runtime_selected);
+  static bool joined = false;
+  m.def("pjrt_distributed_joined", [] { return joined; });
   // torch.distributed on cuda/tpu under the PJRT runtime: the plugin exchanges its ids
   // (NCCL's) through the job's c10d store. False when the runtime already started.
   m.def("join_distributed_pjrt", [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size) {
@@ -113,7 +117,8 @@ void init_pjrt(py::module_& m) {
     auto put = [store](const std::string& key, const std::string& value) {
       store->set("torchtpu/pjrt/" + key, std::vector<uint8_t>(value.begin(), value.end()));
     };
-    return set_pjrt_distributed(rank, world_size, get, put);
+    joined = set_pjrt_distributed(rank, world_size, get, put);
+    return joined;
   });
 
   // The launch path takes no GIL: this thread holds the GIL throughout (never releasing it)

@@ -499,6 +499,7 @@ class JaxlibRuntime final : public Runtime {
     // to pow unrounded), so a fused graph would differ from the same ops run one by one.
     py::list overrides;
     overrides.append(py::make_tuple("xla_allow_excess_precision", compile.excess_precision));
+    for (const auto& [name, value] : kFixedXlaOptions) overrides.append(py::make_tuple(name, value));
     options.attr("env_option_overrides") = overrides;
     return options;
   }

@@ -80,12 +80,16 @@ std::string pjrt_compile_options(const std::vector<int64_t>& device_ids, bool ex
   // key 1, value 2 = OptionOverrideProto with bool_field 2).
   std::string out;
   bytes_field(out, 3, build);
-  std::string override_value;
-  varint_field(override_value, 2, excess_precision ? 1 : 0);
-  std::string entry;
-  bytes_field(entry, 1, "xla_allow_excess_precision");
-  bytes_field(entry, 2, override_value);
-  bytes_field(out, 7, entry);
+  auto override_flag = [&out](const std::string& name, bool value) {
+    std::string override_value;
+    varint_field(override_value, 2, value ? 1 : 0);
+    std::string entry;
+    bytes_field(entry, 1, name);
+    bytes_field(entry, 2, override_value);
+    bytes_field(out, 7, entry);
+  };
+  override_flag("xla_allow_excess_precision", excess_precision);
+  for (const auto& [name, value] : kFixedXlaOptions) override_flag(name, value);
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/buffer.h"
@@ -53,6 +54,15 @@ struct CompileOptions {
     }
     return out;
   }
+};
+
+// XLA debug options every compile sets, whatever the runtime or platform: PyTorch's max/min
+// (and the reductions, cumulative ops and clamps built on them) propagate NaN, XLA's "fast"
+// ones do not; the CPU plugin built from jaxlib 0.11.2's XLA has them on by default (measured:
+// maximum(1e30, nan) gave 1e30).
+inline constexpr std::pair<const char*, bool> kFixedXlaOptions[] = {
+    {"xla_cpu_enable_fast_min_max", false},
+    {"xla_gpu_enable_fast_min_max", false},
 };
 
 class Runtime {
