@@ -8,6 +8,7 @@ without a device."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -146,6 +147,24 @@ def test_a_requested_platform_without_its_plugin_names_the_package():
     assert "platform 'tpu' was requested" in result.stderr and "pip install 'jax[tpu]'" in result.stderr
 
 
+def test_without_jax_a_model_runs_and_jax_features_say_what_is_missing(tmp_path):
+    blocker = tmp_path / "jax"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('No module named jax (test)')\n")
+    result = utils.run_python("""
+        import torch, torchtpu
+        print((torch.ones(3, device="tpu") * 2).sum().item())
+        try:
+            torchtpu.to_jax(torch.ones(2, device="tpu"))
+        except ImportError as error:
+            print("ImportError:", error)
+    """, timeout=300, TORCHTPU_RUNTIME="pjrt", PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    assert result.returncode == 0, result.stderr
+    value, error = result.stdout.splitlines()
+    assert value == "6.0" and error.startswith("ImportError: No module named jax (test); torchtpu's JAX interop")
+    assert "Fix: pip install 'jax[cpu]" in error
+
+
 def test_the_runtime_setting_is_checked():
     with pytest.raises(ValueError, match="^TORCHTPU_RUNTIME='xla' is not valid; use one of jaxlib, pjrt"):
         _settings.read({"TORCHTPU_RUNTIME": "xla"})
@@ -206,3 +225,38 @@ def test_compile_options_proto_reads_back_as_xlas():
         assert sorted(options.env_option_overrides) == [("xla_allow_excess_precision", excess),
                                                         ("xla_cpu_enable_fast_min_max", False),
                                                         ("xla_gpu_enable_fast_min_max", False)]
+
+
+# ---- a subset of the suite under pjrt (the default is jaxlib) ------------------------------
+
+# Chosen to cover what differs between the runtimes: buffers and transfers (smoke), NaN and inf
+# handling that depends on XLA's options (special values, cumulative ops), JAX interop and the
+# LAPACK custom calls (linalg), donation and the optimizer (training).
+SUBSET = [
+    "tests/test_smoke.py",
+    "tests/ops/test_cumulative.py::test_logcumsumexp",
+    "tests/ops/test_elementwise.py::test_binary_special_values",
+    "tests/ops/test_linalg.py::test_solve_inv_det_slogdet",
+    "tests/ops/test_linalg.py::test_eigh_and_svd",
+    "tests/test_jax_interop.py",
+]
+
+
+def test_a_subset_of_the_suite_passes_under_pjrt():
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUBSET],
+                            cwd=HERE.parent, capture_output=True, text=True, timeout=1500,
+                            env={**os.environ, "TORCHTPU_RUNTIME": "pjrt"})
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0 and " passed" in summary and "failed" not in summary, \
+        result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_the_report_names_the_runtime_the_plugin_and_its_origin():
+    result = subprocess.run([sys.executable, "-m", "torchtpu"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TORCHTPU_RUNTIME": "pjrt"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "runtime   pjrt  (TORCHTPU_RUNTIME=jaxlib|pjrt)" in lines
+    assert f"plugin    {CPU_PLUGIN}" in lines
+    origin = next(line for line in lines if "PJRT C API" in line)
+    assert re.search(r"PJRT C API 0\.\d+, from lammps-jax-pjrt-cpu 0\.11\.2 \(stablehlo_current_version ", origin), origin
