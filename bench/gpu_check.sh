@@ -69,10 +69,10 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   stage "build (system python, no venv)"
   # `make extension` compiles with this python's torch and creates no venv (`make build`
   # would install the pinned dependencies into .venv first).
-  rm -rf build torchtpu/_C*.so torchtpu/_build_info.py
+  rm -rf build torchtpu/_native
   timeout "$(limit 240)" make extension PY="$PY" JOBS="$JOBS"
   rc=$?; record build $rc
-  ls -la torchtpu/_C*.so || true
+  ls -la torchtpu/_native/* || true
 fi
 
 stage "import"

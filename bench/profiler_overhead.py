@@ -25,7 +25,7 @@ def build_without_spans() -> str:
     package = os.path.join(out, "torchtpu")
     shutil.rmtree(package, ignore_errors=True)
     shutil.copytree(os.path.join(ROOT, "torchtpu"), package,
-                    ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
+                    ignore=shutil.ignore_patterns("_native", "__pycache__"))
     shutil.copy(os.path.join(ROOT, "torchtpu_autoload.py"), out)
     subprocess.run(["make", "--no-print-directory", "extension", f"PY={sys.executable}",
                     f"BUILD_DIR={os.path.join('build', 'notrace')}", f"PACKAGE_DIR={package}",

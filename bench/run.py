@@ -1,7 +1,7 @@
 """Side-by-side training-step benchmark (``make bench``).
 
 In ONE process (so that all timings share the machine state), for each model
-(GPT language model, ResNet CNN) a full training step (zero_grad, forward,
+(GPT language model, ResNet CNN, LSTM language model) a full training step (zero_grad, forward,
 backward, AdamW step) is timed for these variants:
 
     tpu-strict   torchtpu "tpu" device, strict mode (one executable per op)
@@ -32,6 +32,9 @@ Besides the table it measures
   * varying lengths: a small causal LM trained in fused mode over 40 random sequence
     lengths, TORCHTPU_BUCKETS=pow2 vs off, each in a fresh process with an empty cache
     (bench/varlen.py; runs alone too),
+  * text generation: Hugging Face generate() on the benchmark LM (batch 8, prompt 128, 128
+    new tokens) in fused mode and with the decode step compiled, against CPU eager and the
+    same decode loop in pure JAX (bench/generate.py; runs alone too),
 and prints every ratio against its target (pass/miss).
 
 Writes bench/results/<platform>.json, .md and .png.
@@ -75,13 +78,15 @@ from distributed import distributed_table, run_distributed  # noqa: E402
 from input_pipeline import input_table, run_input  # noqa: E402
 from runtimes import run_runtimes, runtimes_table  # noqa: E402
 from varlen import run_varlen, varlen_table  # noqa: E402
-from models import (GPT, GPTConfig, ResNet, ResNetConfig, count_params, make_image_batch,  # noqa: E402
-                    make_lm_batch, make_optimizer, train_step)
+from generate import generate_table, ms_of, run_generate  # noqa: E402
+from models import (GPT, GPTConfig, LSTMLM, LSTMConfig, ResNet, ResNetConfig, count_params,  # noqa: E402
+                    make_image_batch, make_lm_batch, make_optimizer, train_step)
 
 ALL_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile", "eager", "inductor", "jax")
 TPU_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile")
-ALL_MODELS = ("gpt", "resnet")
-ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "runtimes", "input", "distributed", "varlen")
+ALL_MODELS = ("gpt", "resnet", "lstm")
+ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "runtimes", "input", "distributed", "varlen",
+                "generate")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -108,16 +113,18 @@ def model_setups(size: str, batch: int | None):
     if size == "small":
         # Sized for a 2-core CPU: the whole `make bench` stays under 10 minutes.
         gpt_cfg = GPTConfig.small(n_layer=4, n_embd=128, n_head=4, block_size=64)
-        res_cfg = ResNetConfig.small()
-        gpt_batch, res_batch, dtype = batch or 8, batch or 16, "float32"
+        res_cfg, lstm_cfg = ResNetConfig.small(), LSTMConfig.small()
+        gpt_batch, res_batch, lstm_batch, dtype = batch or 8, batch or 16, batch or 16, "float32"
     else:
-        gpt_cfg, res_cfg = GPTConfig.gpt2_124m(), ResNetConfig.resnet50()
-        gpt_batch, res_batch, dtype = batch or 8, batch or 32, "bfloat16"
+        gpt_cfg, res_cfg, lstm_cfg = GPTConfig.gpt2_124m(), ResNetConfig.resnet50(), LSTMConfig.large()
+        gpt_batch, res_batch, lstm_batch, dtype = batch or 8, batch or 32, batch or 32, "bfloat16"
     return {
         "gpt": dict(cfg=gpt_cfg, cls=GPT, make_batch=make_lm_batch, batch=gpt_batch,
                     items=gpt_batch * gpt_cfg.block_size, unit="tok", dtype=dtype),
         "resnet": dict(cfg=res_cfg, cls=ResNet, make_batch=make_image_batch, batch=res_batch,
                        items=res_batch, unit="img", dtype=dtype),
+        "lstm": dict(cfg=lstm_cfg, cls=LSTMLM, make_batch=make_lm_batch, batch=lstm_batch,
+                     items=lstm_batch * lstm_cfg.block_size, unit="tok", dtype=dtype),
     }
 
 
@@ -678,7 +685,7 @@ def _t(results, model, variant):
     return r.get("median_step_s") if r else None
 
 
-def targets(results, first_steps):
+def targets(results, first_steps, generate=None):
     """[(name, ratio, op, threshold, definition)]; ratio None when not measured."""
     rows = []
 
@@ -704,6 +711,11 @@ def targets(results, first_steps):
     for fs in first_steps:
         add(f"{fs['spec']}: warm-cache first step vs cold", fs.get("warm_over_cold"), "<=", 0.2,
             "first_step_warm / first_step_cold (subprocesses)")
+    if generate:
+        add("generate: compiled decode vs pure JAX", div(ms_of(generate, "tpu-compile"), ms_of(generate, "jax")),
+            "<=", 1.2, "ms per token, tpu-compile / jax")
+        add("generate: fused vs compiled decode", div(ms_of(generate, "tpu-fused"), ms_of(generate, "tpu-compile")),
+            "<=", 1.5, "ms per token, tpu-fused / tpu-compile")
     return rows
 
 
@@ -849,14 +861,14 @@ def versions(torchtpu):
 
 
 def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final, input_pipeline=None,
-         distributed=None, scan=None, varlen=None, runtimes=None):
+         distributed=None, scan=None, varlen=None, runtimes=None, generate=None):
     """Builds the report; prints it when final; writes the .json/.md (and .png when final).
     Called after every variant too, so a run killed by a timeout keeps what it measured."""
     if True:
         meta["to_device_untied_gpt_weights"] = sorted(_UNTIED)
         if _UNTIED and final:
             print(f"\nNOTE: model.to() lost GPT's weight tying on {sorted(_UNTIED)}; re-tied (GPT.tie_weights)")
-        trows = targets(results, first_steps)
+        trows = targets(results, first_steps, generate)
         losses = {}
         for r in results:
             if r.get("final_loss") is not None:
@@ -886,9 +898,12 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
         if input_pipeline:
             sections += ["## Input pipeline: prefetch vs none\n", input_table(input_pipeline), ""]
         if distributed:
-            sections += ["## Distributed: torchrun, 2 processes vs 1\n", distributed_table(distributed), ""]
+            sections += ["## Distributed: torchrun, 2 processes vs 1, and one process on 2 devices (SPMD)\n",
+                         distributed_table(distributed), ""]
         if varlen:
             sections += ["## Fused mode over varying lengths: buckets vs exact sizes\n", varlen_table(varlen), ""]
+        if generate:
+            sections += ["## Text generation: generate() per new token\n", generate_table(generate), ""]
         errors = [r for r in results if r.get("error")]
         if errors:
             sections += ["## Errors\n"] + [f"- {r['model']} {r['variant']}: `{r['error']}`" for r in errors] + [""]
@@ -903,8 +918,7 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
                       f"{time.strftime('%Y-%m-%d %H:%M')}; " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n")
             payload = dict(results=results, targets=trows, first_steps=first_steps, scaling=scaling, scan=scan,
                            perop=perop, runtimes=runtimes, input_pipeline=input_pipeline, distributed=distributed,
-                           varlen=varlen,
-                           loss_check=loss_check)
+                           varlen=varlen, generate=generate, loss_check=loss_check)
             name = f"{platform}-{args.tag}" if args.tag else platform
             jpath = write_results(name, [payload], meta=meta)
             base = os.path.splitext(results_path(name))[0]
@@ -966,7 +980,7 @@ def main(argv=None):
             ap.error(f"unknown model {m!r}")
 
     need_tpu = (any(v in TPU_VARIANTS for v in variants) and "main" not in skip) or \
-        not {"firststep", "scaling", "scan", "perop", "runtimes", "input", "distributed", "varlen"} <= skip
+        not {"firststep", "scaling", "scan", "perop", "runtimes", "input", "distributed", "varlen", "generate"} <= skip
     torchtpu = load_torchtpu() if need_tpu else None
     if torchtpu is None:
         variants = [v for v in variants if v not in TPU_VARIANTS]
@@ -989,7 +1003,7 @@ def main(argv=None):
 
     setups = model_setups(size, args.batch)
     results, first_steps, scaling, perop, input_pipeline, distributed, scan, varlen = [], [], [], None, None, None, [], None
-    runtimes = None
+    runtimes, generate = None, None
     if "main" not in skip:
         print("\n== training steps, side by side ==")
         results = run_main(models, variants, setups, args, torchtpu,
@@ -1025,6 +1039,12 @@ def main(argv=None):
             varlen = run_varlen(timeout=max(args.child_timeout, 900))  # 40 compiles when exact
         except Exception as exc:
             print("varying-lengths benchmark FAILED:", str(exc)[:800])
+    if "generate" not in skip:
+        print("\n== text generation: generate() fused, compiled decode, CPU eager, pure JAX ==")
+        try:
+            generate = run_generate(torchtpu, size)
+        except Exception as exc:
+            print("generation benchmark FAILED:", str(exc)[:800])
     if "scaling" not in skip and "gpt" in setups:
         print("\n== LM scaling (fused) ==")
         scaling = run_scaling(setups, args, torchtpu, results)
@@ -1037,7 +1057,8 @@ def main(argv=None):
         first_steps = run_first_steps(specs, args)
 
     emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final=True,
-         input_pipeline=input_pipeline, distributed=distributed, scan=scan, varlen=varlen, runtimes=runtimes)
+         input_pipeline=input_pipeline, distributed=distributed, scan=scan, varlen=varlen, runtimes=runtimes,
+         generate=generate)
     if _OWN_CACHE:
         import shutil
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)

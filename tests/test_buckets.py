@@ -149,7 +149,11 @@ def run_padded(f, tensors, dynamic, pol="pow2"):
     padded = graph.rewrite(sizes)
     args = padded.prepare(tensors, sizes)
     for a, t, dims in zip(args, tensors, dynamic):
-        assert [a.shape[d] for d in dims] == [_buckets.bucket_of(t.shape[d], pol) for d in dims]
+        # Each padded dimension at its symbol's bucket: the next one up from T, or from T + k
+        # when the graph grows it by k (a cat).
+        assert all(a.shape[d] >= t.shape[d] and a.shape[d] in sizes.bucket.values() for d in dims)
+    for sym in graph.symbols:
+        assert sizes.bucket[sym] == _buckets.bucket_of(sizes.real[sym] + graph.headroom[sym], pol)
     return padded.finish(padded.gm(*args), sizes), padded
 
 
@@ -225,10 +229,42 @@ def test_outputs_are_sliced_to_the_real_sizes():
     assert out[0].shape == (2, 5)
 
 
+def test_slices_along_a_padded_dimension_read_at_the_real_sizes():
+    # From the end (a moving position), from the front, dropping the last (a length T - 1).
+    (x,) = seeded((2, 5, 3))
+    check_padded(lambda x: (x[:, -1:], x[:, -2:], x[:, 1:3], x[:, 1:], x[:, :-1], x[:, :-1].sum(1), x[:, 1:].amax(1)),
+                 [x], [{1}])
+
+
+def test_a_cat_along_a_padded_dimension_grows_in_its_bucket():
+    # A decode step: the cache of T tokens and the token row grow by one (T + 1); the bucket
+    # holds T + 1 (headroom), and attention over the T + 1 keys sees only real ones.
+    x, new, q = seeded((2, 8, 4), (2, 1, 4), (2, 1, 4))
+    ids = torch.arange(16).view(2, 8)
+    f = lambda x, new, q, ids: (torch.cat([x, new], 1), torch.cat([ids, ids[:, -1:] + 1], 1),  # noqa: E731
+                                torch.cat([new, new, x], 1).sum(1),
+                                torch.bmm(q, torch.cat([x, new], 1).transpose(1, 2)).softmax(-1))
+    out, padded = run_padded(f, [x, new, q, ids], [{1}, set(), set(), {1}])
+    assert sorted(padded.source.headroom.values()) == [1, 2]  # ids grow by one, x by two
+    assert padded.input_specs["arg0_1"][1][0][0] == 16  # 8 + 2 tokens: the next bucket
+    for a, e in zip(out, f(x, new, q, ids)):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_pad_moves_a_value_kept_padded_to_a_larger_bucket():
+    real = torch.arange(10.0).view(2, 5)
+    held = _buckets.pad(real, ((((2, None),),) + ((((8, "s0"),),))), {"s0": 5})
+    spec16 = (((2, None),), ((16, "s0+1"),))
+    grown = _buckets.pad(held, spec16, {"s0": 4}, current=(((2, None),), ((8, "s0+1"),)))
+    assert grown.shape == (2, 16) and torch.equal(grown[:, :5], real) and not grown[:, 5:].any()
+    assert torch.equal(_buckets.unpad(grown, spec16, {"s0": 4}), real)
+
+
 @pytest.mark.parametrize("f, reason", [
     (lambda x: torch.sort(x, 1).values, "sort"),
     (lambda x: x.var(1), "var"),
-    (lambda x: x[:, 1:], "slice of a padded dimension"),
+    (lambda x: x[:, ::2], "strided slice"),
+    (lambda x: torch.cat([x, x], 1), "several padded pieces"),
     (lambda x: x.cumsum(1), "cumsum on a padded tensor"),
     (lambda x: x.view(-1, 2), "a view"),
 ])

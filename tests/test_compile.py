@@ -16,7 +16,9 @@ import torchtpu
 from torchtpu import _C, compiler
 from utils import assert_close
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder holding the torchtpu under test: the source tree, or site-packages when the tests
+# run against an installed torchtpu (`make check-torch-range`), whose source tree has no glue.
+IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(torchtpu.__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -171,23 +173,13 @@ def test_transformer_block_fullgraph_training_adamw():
         opt.step()
         losses.append(loss.detach().cpu())
     # Ops without a tpu lowering yet (layer_norm, gelu, amax, ...) run on CPU inside the
-    # compiled graph; results must match regardless. Tolerance: softmax/layernorm in f32.
-    torch.testing.assert_close(torch.stack(losses), cpu_losses, rtol=1e-4, atol=1e-5)
+    # compiled graph; results must match regardless (measured within 1e-2 of this tolerance).
+    torch.testing.assert_close(torch.stack(losses), cpu_losses, rtol=1e-5, atol=1e-5)
     for a, b in zip(tpu_model.parameters(), cpu_params):
-        torch.testing.assert_close(a.detach().cpu(), b, rtol=1e-4, atol=1e-5)
-
-
-def _eager_conv_works():
-    try:
-        F.conv2d(torch.randn(1, 1, 3, 3).to("tpu"), torch.randn(1, 1, 2, 2).to("tpu")).cpu()
-        return True
-    except NotImplementedError:
-        return False
+        torch.testing.assert_close(a.detach().cpu(), b, rtol=1e-5, atol=1e-5)
 
 
 def test_small_cnn_fullgraph():
-    if not _eager_conv_works():
-        pytest.skip("eager tpu has no convolution yet (convolution_overrideable is not implemented)")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64, 5))
     x = torch.randn(2, 3, 8, 8)
@@ -338,7 +330,7 @@ _SECOND_PROCESS = textwrap.dedent(
 
 def test_disk_cache_second_process_compiles_nothing():
     with tempfile.TemporaryDirectory(prefix="torchtpu-compile-cache-") as cache:
-        env = dict(os.environ, TORCHTPU_CACHE_DIR=cache, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, TORCHTPU_CACHE_DIR=cache, PYTHONPATH=IMPORT_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         runs = []
         for _ in range(2):
             proc = subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True, text=True,
@@ -575,3 +567,77 @@ def test_bucketing_never_uses_a_padded_size_as_a_value(monkeypatch):
     for n in (5, 6, 3, 7):
         x = torch.randn(2, n)
         assert_close(compiled(x.to("tpu")), f(x), rtol=1e-5, atol=1e-5)
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT's shape in small: token and position embeddings, pre-norm blocks of causal
+    self-attention (scaled_dot_product_attention) and a GELU MLP, a tied head."""
+
+    def __init__(self, vocab=64, block=16, width=32, heads=4, layers=2):
+        super().__init__()
+        self.heads = heads
+        self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(block, width)
+        self.blocks = nn.ModuleList(nn.ModuleDict(dict(
+            ln_1=nn.LayerNorm(width), attn=nn.Linear(width, 3 * width), proj=nn.Linear(width, width),
+            ln_2=nn.LayerNorm(width), fc=nn.Linear(width, 4 * width), out=nn.Linear(4 * width, width)))
+            for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        b, t = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            q, k, v = blk.attn(blk.ln_1(x)).split(x.shape[-1], dim=2)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
+            x = x + blk.proj(y)
+            x = x + blk.out(F.gelu(blk.fc(blk.ln_2(x))))
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+@pytest.mark.parametrize("backend_args", [{}, {"backend": "inductor"}], ids=["default", "inductor-by-name"])
+def test_compile_with_inductor_on_tpu_trains_with_the_tpu_backend(backend_args):
+    # torch.compile(model) as nanoGPT's train.py writes it: Inductor would generate Pallas code
+    # for Google's torch_tpu (or crash); the graphs go to torchtpu's backend, said once.
+    torch.manual_seed(0)
+    cpu = NanoGPT()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(tpu, **backend_args)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g))
+               for _ in range(3)]
+    opt_cpu, opt_tpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2), torch.optim.AdamW(tpu.parameters(), lr=1e-2)
+    def tpu_graphs():  # compiled by the tpu backend, or loaded from its cache
+        c = counters()
+        return c.get("compile_graphs_traced", 0) + c.get("compile_cache_hits", 0)
+
+    graphs = tpu_graphs()
+    losses = []
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in batches:
+            for model, opt, device in ((cpu, opt_cpu, "cpu"), (compiled, opt_tpu, "tpu")):
+                opt.zero_grad()
+                loss = model(x.to(device), y.to(device))
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+    assert tpu_graphs() > graphs  # the tpu backend compiled them
+    routed = [w for w in caught if "torch.compile with Inductor" in str(w.message)]
+    assert len(routed) <= 1  # once per process (an earlier test may have said it already)
+    assert_close(torch.tensor(losses[1::2]), torch.tensor(losses[0::2]), rtol=1e-4, atol=1e-5)
+    assert_close(compiled.head.weight, cpu.head.weight, rtol=1e-3, atol=1e-4)
+
+
+def test_inductor_still_compiles_cpu_graphs():
+    model = nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    before = counters()
+    assert_close(torch.compile(model)(x), model(x))
+    after = counters()
+    for key in ("compile_graphs_traced", "compile_cache_hits"):  # Inductor's, not torchtpu's
+        assert after.get(key, 0) == before.get(key, 0)

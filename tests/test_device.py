@@ -266,6 +266,32 @@ def test_model_to_keeps_tied_weights(mode):
     assert len(list(model.parameters())) == 1
 
 
+@pytest.mark.parametrize("make, shape", [
+    (lambda: torch.nn.LazyLinear(4), (2, 3)), (lambda: torch.nn.LazyConv1d(4, 2), (2, 3, 6)),
+    (lambda: torch.nn.LazyConv2d(4, 3), (1, 2, 5, 5)), (lambda: torch.nn.LazyConv3d(2, 2), (1, 2, 3, 3, 3)),
+    (lambda: torch.nn.LazyConvTranspose1d(4, 3), (1, 2, 5)), (lambda: torch.nn.LazyConvTranspose2d(3, 2), (1, 2, 4, 4)),
+    (lambda: torch.nn.LazyConvTranspose3d(2, 2), (1, 2, 3, 3, 3)), (lambda: torch.nn.LazyBatchNorm1d(), (4, 3))],
+    ids=["linear", "conv1d", "conv2d", "conv3d", "convt1d", "convt2d", "convt3d", "batchnorm1d"])
+def test_lazy_modules_move_uninitialized_and_materialize_on_tpu(mode, make, shape):
+    # A lazy module moved before its first forward keeps its uninitialized parameters (now on
+    # tpu, in the dtype asked for) and materializes them there; it then computes as the
+    # same module on CPU with its weights.
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+    module = make().to("tpu", torch.float64)
+    lazy = [t for t in list(module.parameters()) + list(module.buffers())
+            if isinstance(t, (UninitializedParameter, UninitializedBuffer))]
+    fresh = make()
+    assert len(lazy) == len(list(fresh.parameters())) + sum(  # every one still uninitialized
+        isinstance(b, UninitializedBuffer) for b in fresh.buffers())
+    assert all(t.device.type == "tpu" and t.dtype == torch.float64 for t in lazy)
+    x = torch.randn(shape, dtype=torch.float64)
+    out = module(x.to("tpu"))
+    assert type(module).__name__ == type(make()).__name__.replace("Lazy", "")  # materialized
+    assert all(p.device.type == "tpu" and p.numel() > 0 for p in module.parameters())
+    on_cpu = copy.deepcopy(module).to("cpu")
+    assert_close(out, on_cpu(x), rtol=1e-6, atol=1e-6)
+
+
 def test_inference_mode_runs_models_like_no_grad(mode):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.GELU(), torch.nn.Linear(5, 3))

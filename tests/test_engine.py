@@ -152,11 +152,11 @@ def test_recompilation_report_names_the_changed_shape(mode):
 
 def test_metrics_counters_have_the_documented_keys():
     keys = {"ops_traced", "graphs_compiled", "cache_hits_memory", "cache_hits_disk", "compile_seconds",
-            "execute_count", "bytes_to_device", "bytes_to_host", "fallback_ops", "recompilations"}
+            "execute_count", "bytes_to_device", "bytes_to_host", "downloads", "fallback_ops", "recompilations"}
     counters = torchtpu.metrics.counters()
     assert keys <= counters.keys()
     torch.ones(3, device="tpu").cpu()
-    assert torchtpu.metrics.counters()["bytes_to_host"] >= 12
+    assert torchtpu.metrics.counters()["bytes_to_host"] >= 12 and torchtpu.metrics.counters()["downloads"] >= 1
     torchtpu.metrics.reset()
     after = torchtpu.metrics.counters()
     assert after["bytes_to_host"] == 0 and after["fallback_ops"] == {}

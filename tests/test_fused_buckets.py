@@ -274,7 +274,9 @@ def test_values_kept_padded_read_like_exact_ones(reader):
         z = square_sum(h)  # first at exact sizes, then padded with h carried in
         torch.testing.assert_close(z.cpu(), square_sum(hidden(x, w)), rtol=1e-5, atol=1e-5)
     assert summary("in hidden")["padded_runs"] == 3
-    assert summary("in square_sum")["padded_runs"] == 2  # n=5 sliced h in its first graph
+    # n=3 runs exact (the first graph of its kind); n=5, whose h arrives padded, is the same
+    # structure (padded inputs are a variant of it), so it runs padded too.
+    assert summary("in square_sum")["padded_runs"] == 3
     ref = hidden(x, w)
     torch.testing.assert_close(h.cpu(), ref, rtol=1e-5, atol=1e-5)
     assert h.shape == (9, 6)

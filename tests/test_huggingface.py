@@ -195,3 +195,36 @@ def test_integrations_setting_turns_adapters_off():
         print(accelerate.Accelerator().device, torch.tensor(1.0, device="tpu").device)
     """, TORCHTPU_INTEGRATIONS="off")
     assert result.returncode == 0 and result.stdout.split()[-2:] == ["cpu", "tpu:0"], result.stderr
+
+
+def test_transformers_tpu_paths_run_on_torchtpu():
+    # transformers keys is_torch_tpu_available() on the current accelerator (written for Google's
+    # torch_tpu), so with torchtpu it is true and transformers takes its TPU paths: the Trainer's
+    # device, the Dynamo backend "tpu" and the c10d backend it names "tpu_dist"
+    # (distributed/utils.py), which starts torch.distributed itself; here on one rank.
+    import socket
+
+    import utils
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = utils.run_python("""
+        import torch, torch.distributed as dist
+        from transformers import TrainingArguments
+        from transformers.distributed.utils import _ensure_torch_distributed, get_distributed_backend
+        from transformers.utils.import_utils import is_torch_tpu_available
+
+        assert is_torch_tpu_available()
+        assert TrainingArguments(output_dir="unused", report_to=[]).device == torch.device("tpu:0")
+        assert "tpu" in torch._dynamo.list_backends()
+        print("BACKEND", get_distributed_backend("tpu"))
+        _ensure_torch_distributed("tpu")
+        x = torch.arange(4.0, device="tpu")
+        dist.all_reduce(x)
+        print("SUM", x.cpu().tolist(), dist.group.WORLD._get_backend(torch.device("tpu")).name())
+        dist.destroy_process_group()
+    """, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "BACKEND tpu_dist" in result.stdout
+    assert "SUM [0.0, 1.0, 2.0, 3.0] tpu" in result.stdout, result.stdout  # torchtpu's backend

@@ -80,3 +80,22 @@ def test_the_scan_sees_every_folder_and_catches_an_upward_include(tmp_path, monk
     monkeypatch.setattr(__import__(__name__), "CSRC", fake)
     found = violations()
     assert len(found) == 2 and "may not include lowering/" in found[0] and "without torch" in found[1], found
+
+
+def test_build_splits_sources_into_common_library_and_glue(tmp_path):
+    # tools/sources.mk: a source in a torch-facing folder or including torch/Python itself is
+    # glue (built per torch minor); every other one is the common library (built once), so a
+    # new torch-free file lands there with no build change.
+    import subprocess
+
+    makefile = tmp_path / "print.mk"
+    makefile.write_text("include tools/sources.mk\nprint:\n\t@echo $(GLUE_SOURCES)\n\t@echo $(CORE_SOURCES)\n")
+    done = subprocess.run(["make", "-s", "-f", str(makefile), "print"], cwd=CSRC.parent, capture_output=True,
+                          text=True, timeout=60, check=True)
+    glue, core = (set(line.split()) for line in done.stdout.splitlines())
+    sources = {p.relative_to(CSRC).as_posix() for p in CSRC.rglob("*.cpp")}
+    torch_including = {rel for rel, _, kind, header in includes() if kind == "<" and TORCH_OR_PYTHON.match(header)}
+    expected = {rel for rel in sources if rel.split("/")[0] in TORCH_FOLDERS or rel in torch_including}
+    assert glue == {f"csrc/{rel}" for rel in expected}
+    assert core == {f"csrc/{rel}" for rel in sources - expected}
+    assert "csrc/runtime/jaxlib_runtime.cpp" in glue and "csrc/runtime/runtime.cpp" in core

@@ -112,3 +112,13 @@ def test_unknown_lightning_version_fails_loudly(monkeypatch):
     monkeypatch.setattr(L, "__version__", "3.0.0")
     with pytest.raises(UnsupportedVersionError, match=r"lightning >=2\.1,<2\.7 .*found lightning 3\.0\.0"):
         adapter.install(accelerator_connector)
+
+
+def test_standalone_pytorch_lightning_gets_the_same_adapter():
+    # pytorch_lightning is the same code as lightning.pytorch under another name.
+    import pytorch_lightning
+    from pytorch_lightning.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    assert _AcceleratorConnector._choose_auto_accelerator() == "tpu"
+    accelerator = pytorch_lightning.accelerators.AcceleratorRegistry.get("tpu")
+    assert type(accelerator).__name__ == "TPUAccelerator" and accelerator.auto_device_count() >= 1

@@ -1,6 +1,7 @@
-"""Packaging: the wheel carries the compiled core and works from a fresh venv; its metadata
-pins the torch minor release and the jax range; a mismatched torch or jaxlib is an
-ImportError with the fix, raised before _C loads; `python -m torchtpu` reports.
+"""Packaging: the wheel carries the common library and the glue for its torch and works from
+a fresh venv; its metadata pins the torch minor release and the jax range; the loader picks
+the glue for the installed torch; a torch or jaxlib it cannot run beside is an ImportError
+with the fix, raised before _C loads; `python -m torchtpu` reports.
 
 The wheel is built once per source state (`pip wheel .`, pip's isolated build, as a user
 runs it) and kept under build/packaging/wheels/<hash of the sources>. The venv is created
@@ -11,6 +12,7 @@ replaces only torchtpu in it, through the same `pip install` (so the requirement
 resolved again). The steps print their seconds (pytest -s shows them).
 """
 import hashlib
+import importlib.machinery
 import os
 import re
 import shutil
@@ -26,12 +28,12 @@ import torch
 from torchtpu import _versions
 
 ROOT = Path(__file__).resolve().parents[1]
-# Where the torchtpu under test lives (the source tree, or site-packages in `make check-torch211`).
+# Where the torchtpu under test lives (the source tree, or site-packages in `make check-torch-range`).
 IMPORT_ROOT = str(Path(_versions.__file__).resolve().parents[1])
 CACHE = ROOT / "build" / "packaging"
 BUILD_INPUTS = ("csrc", "torchtpu", "torchtpu_autoload.py", "setup.py", "pyproject.toml", "Makefile",
                 "MANIFEST.in", "tools/build_flags.py")
-GENERATED = ("_build_info.py", ".so", ".pyc", ".tmp")
+GENERATED = ("torch_version", ".so", ".pyc", ".tmp")
 
 
 def digest(paths) -> str:
@@ -112,18 +114,21 @@ def venv(wheel, tmp_path_factory) -> Path:
 
 
 def test_wheel_carries_compiled_core_and_pins(wheel):
+    # The build environment's torch is the one pyproject.toml pins: the wheel carries the common
+    # library and that minor's glue, and requires that minor.
+    pinned = re.search(r'"torch==(\d+)\.(\d+)\.\d+"', (ROOT / "pyproject.toml").read_text()).groups()
+    glue = f"torchtpu/_native/torch_{pinned[0]}_{pinned[1]}"
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        build_info = archive.read("torchtpu/_build_info.py").decode()
-    assert any(re.fullmatch(r"torchtpu/_C\.cpython-\d+-.*\.so", name) for name in names), names
-    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "torchtpu").rglob("*.py") if p.name != "_build_info.py"}
+        built_against = archive.read(f"{glue}/torch_version").decode().strip()
+    assert "torchtpu/_native/libtorchtpu_core.so" in names
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]  # pip wheel ran with this Python
+    assert {n for n in names if n.endswith(".so")} == {"torchtpu/_native/libtorchtpu_core.so", f"{glue}/_C{suffix}"}
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "torchtpu").rglob("*.py")}
     assert modules <= set(names), f"not in the wheel: {modules - set(names)}"
     assert "torchtpu_autoload.py" in names
     assert re.search(r"-cp\d+-cp\d+-linux_\w+\.whl$", wheel.name), "a compiled wheel is platform-specific"
-
-    # The build environment's torch is the one pyproject.toml pins; the wheel requires its minor.
-    pinned = re.search(r'"torch==(\d+)\.(\d+)\.\d+"', (ROOT / "pyproject.toml").read_text()).groups()
-    assert f'TORCH_VERSION = "{pinned[0]}.{pinned[1]}.' in build_info
+    assert built_against.startswith(f"{pinned[0]}.{pinned[1]}.")
     metadata = wheel_metadata(wheel)
     requires = {line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist")}
     assert f"torch=={pinned[0]}.{pinned[1]}.*" in requires
@@ -157,7 +162,7 @@ print("smoke ok", torchtpu.platform())
 """
 
 
-def test_wheel_in_fresh_venv(venv, tmp_path):
+def test_wheel_in_fresh_venv(wheel, venv, tmp_path):
     env = clean_env(TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
     smoke = run([venv, "-c", SMOKE], 600, cwd=tmp_path, env=env)
     assert "smoke ok cpu" in smoke.stdout
@@ -165,25 +170,80 @@ def test_wheel_in_fresh_venv(venv, tmp_path):
     report = run([venv, "-m", "torchtpu"], 300, cwd=tmp_path, env=env).stdout
     assert "status    OK" in report
     assert "autoload  active" in report
-    assert f"built against torch {_versions.built_torch_version()}" in report
+    # The wheel's glue (pip wheel built it against pyproject.toml's torch, whatever torch runs
+    # these tests) is the one loaded beside the venv's torch (constraints.txt's).
+    with zipfile.ZipFile(wheel) as archive:
+        built_against = next(archive.read(n).decode().strip() for n in archive.namelist() if n.endswith("/torch_version"))
+    minor = ".".join(built_against.split(".")[:2])
+    assert f"  glue      built for torch {built_against}; one for the installed torch {minor}" in report
     assert re.search(r"devices   1: tpu:0 cpu", report)
     assert re.search(r"cache     .*cache \(\d+ entries", report)
 
 
 def test_version_guard_messages():
-    built = "2.13.0+cpu"
+    # A source build carries the glue of the torch it was built with.
+    built = {(2, 13): "2.13.0+cpu"}
     torch_problem, = _versions.problems("2.12.1", built, "0.10.2", "0.10.2")
     assert "compiled against torch 2.13.0+cpu, but torch 2.12.1 is installed" in torch_problem
-    assert "pip install 'torch==2.13.*'" in torch_problem
+    assert "pip install 'torch==2.13.*'" in torch_problem and "make build" in torch_problem
+    outside, = _versions.problems("2.10.2", built, "0.10.2", "0.10.2")
+    assert outside.startswith("torchtpu supports torch 2.11 to 2.15 (torch>=2.11,<2.16), but torch 2.10.2 is installed")
+    assert "Fix: pip install 'torch==2.13.*'  (this build carries torch 2.13.0+cpu only)" in outside
+
+    # The release wheel carries one glue per supported minor: only a torch outside the range fails.
+    wheel = {minor: f"{minor[0]}.{minor[1]}.0" for minor in _versions.SUPPORTED_TORCH}
+    for torch_version in ("2.11.0", "2.12.1+cu128", "2.13.0+cpu", "2.14.1", "2.15.0"):
+        assert _versions.problems(torch_version, wheel, "0.12.0.1", "0.12.0.1") == []
+    newer, = _versions.problems("2.16.0", wheel, "0.12.0.1", "0.12.0.1")
+    assert newer == ("torchtpu supports torch 2.11 to 2.15 (torch>=2.11,<2.16), but torch 2.16.0 is installed. "
+                     "Fix: pip install 'torch>=2.11,<2.16'")
 
     jaxlib_problem, = _versions.problems("2.13.0", built, "0.10.2", "0.9.1")
     assert "jaxlib>=0.10,<0.13, but jaxlib 0.9.1 is installed" in jaxlib_problem
     assert "pip install 'jax[cpu]>=0.10,<0.13'" in jaxlib_problem
+    newer_jax = _versions.problems("2.13.0", built, "0.13.0", "0.13.0")
+    assert len(newer_jax) == 2 and "but jax 0.13.0 is installed" in newer_jax[0]
 
     missing = _versions.problems("2.13.1", built, None, None)
     assert len(missing) == 2 and all("not installed" in p for p in missing)
     assert _versions.problems("2.13.1", built, "0.12.0", "0.12.0") == []
-    assert "not built" in _versions.problems("2.13.0", None, "0.10.2", "0.10.2")[0]
+    assert "not built" in _versions.problems("2.13.0", {}, "0.10.2", "0.10.2")[0]
+
+
+def test_torch_requirement_of_the_glues():
+    assert _versions.torch_requirement([(2, 13)]) == "==2.13.*"
+    assert _versions.torch_requirement(_versions.SUPPORTED_TORCH) == ">=2.11,<2.16"
+    with pytest.raises(ValueError, match="not consecutive"):
+        _versions.torch_requirement([(2, 11), (2, 13)])
+
+
+def test_loader_chooses_the_glue_for_the_torch_version(tmp_path):
+    # A wheel's layout: a glue per minor, each with the release it was compiled against; a glue
+    # for another Python, or a folder without one, is not counted.
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for (major, minor), release in {(2, 11): "2.11.0", (2, 12): "2.12.1"}.items():
+        folder = tmp_path / f"torch_{major}_{minor}"
+        folder.mkdir()
+        (folder / f"_C{suffix}").write_bytes(b"")
+        (folder / "torch_version").write_text(release + "\n")
+    (tmp_path / "torch_2_13").mkdir()
+    (tmp_path / "torch_2_13" / "_C.cpython-399-x86_64-linux-gnu.so").write_bytes(b"")
+    (tmp_path / "torch_2_14").mkdir()
+    glues = _versions.built_glues(str(tmp_path))
+    assert glues == {(2, 11): "2.11.0", (2, 12): "2.12.1"}
+    assert _versions.glue_path("2.12.0+cu130", str(tmp_path)) == str(tmp_path / "torch_2_12" / f"_C{suffix}")
+    assert _versions.glue_path("2.15.0", str(tmp_path)) == str(tmp_path / "torch_2_15" / f"_C{suffix}")
+    assert _versions.torch_problem("2.12.0", glues) is None
+    assert "compiled against torch 2.11.0, 2.12.1, but torch 2.13.0 is installed" in \
+        _versions.torch_problem("2.13.0", glues)
+    assert "Fix: pip install 'torch>=2.11,<2.13'" in _versions.torch_problem("2.13.0", glues)
+
+    # This checkout's build: the glue of the torch running the tests, which is what loaded.
+    import torchtpu
+
+    assert _versions.release(torch.__version__) in _versions.built_glues()
+    assert torchtpu._C.__file__ == _versions.glue_path(torch.__version__)
+    assert torchtpu._C.__name__ == "torchtpu._C"
 
 
 # Before torchtpu is imported, torch claims another minor release (autoload is off, or
@@ -198,8 +258,8 @@ def test_version_guard_raises_before_loading_core():
         "assert 'torchtpu._C' not in sys.modules\n")
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", PYTHONPATH=IMPORT_ROOT)
     out = run([sys.executable, "-c", code], 300, env=env, cwd=IMPORT_ROOT).stdout
-    assert f"compiled against torch {_versions.built_torch_version()}, but torch 2.99.0" in out
-    assert f"pip install 'torch=={'.'.join(map(str, _versions.release(torch.__version__)))}.*'" in out
+    glues = _versions.built_glues()
+    assert f"but torch 2.99.0 is installed. Fix: pip install 'torch{_versions.torch_requirement(glues)}'" in out
 
 
 def test_report_exits_nonzero_with_the_fix(tmp_path):
@@ -209,7 +269,8 @@ def test_report_exits_nonzero_with_the_fix(tmp_path):
                               timeout=300, env=env, cwd=tmp_path)
     assert mismatch.returncode == 1, mismatch.stderr
     assert f"torch     {_versions.installed('torch')}" in mismatch.stdout  # as pip sees it
-    assert "but torch 2.99.0 is installed" in mismatch.stdout and "pip install 'torch==" in mismatch.stdout
+    fix = f"pip install 'torch{_versions.torch_requirement(_versions.built_glues())}'"
+    assert "but torch 2.99.0 is installed" in mismatch.stdout and fix in mismatch.stdout
     assert "undefined symbol" not in mismatch.stdout + mismatch.stderr
 
     env = dict(os.environ, TORCHTPU_PLATFORM="gpu", PYTHONPATH=IMPORT_ROOT)
@@ -218,3 +279,18 @@ def test_report_exits_nonzero_with_the_fix(tmp_path):
     assert bad.returncode == 1, bad.stderr
     assert "platform  not started" in bad.stdout
     assert "TORCHTPU_PLATFORM='gpu' is not a platform; valid platforms are cpu, cuda, tpu" in bad.stdout
+
+
+def test_report_states_ranges_and_a_plugin_of_another_release(monkeypatch):
+    from torchtpu import _report
+
+    releases = {"torch": "2.16.0", "jax": "0.12.0.1", "jaxlib": "0.12.0.1", "jax-cuda12-plugin": "0.11.2"}
+    monkeypatch.setattr(_versions, "installed", releases.get)
+    problems = []
+    text = _report.report(problems, runtime=[])
+    assert "torch     2.16.0  (torchtpu supports torch >=2.11,<2.16: 2.11 to 2.15)" in text
+    assert "jaxlib    0.12.0.1  (supported >=0.10,<0.13)" in text
+    assert "plugin    jax-cuda12-plugin 0.11.2" in text
+    assert problems == ["jax-cuda12-plugin 0.11.2 does not match jaxlib 0.12.0.1 (jax loads only its own "
+                        "release's plugin). Fix: pip install 'jax[cuda12]==0.12.0.1'"]
+    assert "1 problem(s):" in text and "status    OK" not in text

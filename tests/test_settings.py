@@ -20,6 +20,10 @@ BAD = [
     ("TORCHTPU_BUCKETS", "0,8", "sizes must be positive"),
     ("TORCHTPU_PLATFORM", "gpu", "valid platforms are cpu, cuda, tpu"),
     ("TORCHTPU_COMPILE_REPLAY", "yes", "use one of 1, 0"),
+    ("TORCHTPU_EXPLAIN", "add", "'add' is not an op name like \"aten::add\""),
+    ("TORCHTPU_EXPLAIN", "aten::add,aten::no_such_op", "'aten::no_such_op' is not an op of this torch"),
+    ("TORCHTPU_EXPLAIN", "aten::add.NoSuchOverload", "'aten::add.NoSuchOverload' is not an op of this torch"),
+    ("TORCHTPU_EXPLAIN", "all,aten::add", "'all' is not an op name"),
 ]
 
 
@@ -49,6 +53,10 @@ def test_good_values_and_defaults():
     d = _settings.read({})
     assert (d.mode, d.fallback, d.num_devices, d.max_pending_ops, d.platform) == ("fused", "warn", 1, None, "")
     assert d.cache_dir == os.path.join(os.path.expanduser("~"), ".cache", "torchtpu")
+    assert d.explain == ()
+    assert _settings.read({"TORCHTPU_EXPLAIN": " all "}).explain == ("all",)
+    assert _settings.read({"TORCHTPU_EXPLAIN": "aten::add, aten::mul.Tensor,torchtpu::scalar"}).explain == (
+        "aten::add", "aten::mul.Tensor", "torchtpu::scalar")
 
 
 def test_after_autoload_the_first_tpu_use_raises_the_setting_error():

@@ -132,7 +132,8 @@ def test_model_trains_like_cpu(kind, mode):
         # The trained weights and BatchNorm running statistics follow the CPU run too.
         cpu_state = cpu_model.state_dict()
         for name, value in model.state_dict().items():
-            torch.testing.assert_close(value.cpu(), cpu_state[name], rtol=1e-3, atol=1e-3, msg=name)
+            # After all steps of AdamW, per-step rounding differences add up: measured 1.1e-5.
+            torch.testing.assert_close(value.cpu(), cpu_state[name], rtol=1e-4, atol=1e-4, msg=name)
     else:
         # From the same (CPU-trained) state, one more step's gradients agree.
         x, y = batches(kind, steps + 1)[-1]
@@ -145,7 +146,7 @@ def test_model_trains_like_cpu(kind, mode):
         cpu_loss.backward()
         torch.testing.assert_close(loss.item(), cpu_loss.item(), rtol=1e-5, atol=1e-5)
         for (name, p), q in zip(cpu_model.named_parameters(), tpu_model.parameters()):
-            torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-4, msg=name)
+            torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-5, atol=1e-5, msg=name)  # measured 1.5e-6
 
 
 def test_gpt_with_dropout_still_learns():
@@ -242,6 +243,8 @@ def test_autocast_linear_runs_in_bfloat16():
     expected = nn.Linear(16, 8)
     expected.load_state_dict({k: v.cpu() for k, v in lin.state_dict().items()})
     with torch.autocast("cpu", dtype=torch.bfloat16):
+        # CPU's autocast matmul accumulates bfloat16 products in another order: measured one
+        # bfloat16 step apart (7.8e-3), 0.19 of this tolerance.
         torch.testing.assert_close(y.cpu(), expected(x.cpu()), rtol=2e-2, atol=2e-2)
 
 

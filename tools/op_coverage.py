@@ -918,6 +918,118 @@ def rewrite_dtype_section(md_path: str) -> None:
         f.write(head.rstrip("\n") + "\n" + "\n".join(by_dtype_section(md_path)) + "\n" + sep + rest)
 
 
+# =========================================================================================
+# The floor: the set of (op, dtype, direction) entries that pass (tests/opinfo_floor.txt).
+# =========================================================================================
+
+FLOOR_PATH = os.path.join(ROOT, "tests", "opinfo_floor.txt")
+FLOOR_COMMAND = "PYTHONPATH=. .venv/bin/python tools/op_coverage.py --samples 2 --update-floor"
+# What an entry holds, weakest first: "-" holds nothing, "fallback" that the op matches CPU,
+# "pass" that it also runs without any CPU fallback.
+FLOOR_LEVELS = ("-", "fallback", "pass")
+FLOOR_HEADER = f"""\
+# OpInfo ops that pass on tpu against CPU: tests/test_opinfo.py fails naming any entry that
+# no longer holds, and reports the ones that pass better than held here. Columns: OpInfo name
+# (name.variant), sample dtype, forward, backward; each status is the least the op must keep:
+#   pass      matches CPU and nothing fell back to CPU
+#   fallback  matches CPU, some aten ops ran on CPU
+#   -         nothing held: fails, not applicable, or a near miss (passing with an error above
+#             {NEAR_MISS:g} of the allowed one, which another machine's rounding may flip; the
+#             comment gives its closeness)
+# Raise entries with one full run (2 samples/op, fused mode, as the test; a few minutes):
+#   {FLOOR_COMMAND}
+# It only raises entries; lowering one (an op that stopped passing for a good reason) is a
+# hand edit of this file, with the reason in the commit.
+"""
+
+
+def _level(status: str) -> int:
+    return FLOOR_LEVELS.index(status) if status in FLOOR_LEVELS else 0
+
+
+def floor_entries(data: dict) -> dict:
+    """{(op, dtype): (forward, backward, comment)} held by a run: its passing statuses, with
+    near misses held at "-"."""
+    dtype = data["meta"].get("dtype", "float32")
+    entries = {}
+    for key, record in data["ops"].items():
+        held, notes = [], []
+        for direction in ("fwd", "bwd"):
+            status = record.get(direction, "n/a")
+            closeness = record.get(f"closeness_{direction}", 0)
+            if status in ("pass", "fallback") and closeness > NEAR_MISS:
+                notes.append(f"{direction} near miss (closeness {closeness})")
+                status = "-"
+            held.append(status if status in FLOOR_LEVELS else "-")
+        entries[(key, dtype)] = (held[0], held[1], "; ".join(notes))
+    return entries
+
+
+def read_floor(path: str = FLOOR_PATH) -> dict:
+    """{(op, dtype): (forward, backward, comment)} from a floor file."""
+    entries = {}
+    with open(path) as f:
+        for line in f:
+            text, _, comment = line.partition("#")
+            if not text.strip():
+                continue
+            op, dtype, fwd, bwd = text.split()
+            entries[(op, dtype)] = (fwd, bwd, comment.strip())
+    return entries
+
+
+def write_floor(entries: dict, path: str = FLOOR_PATH) -> None:
+    """Writes the entries that hold something (or carry a comment), sorted by op and dtype."""
+    width = max(len(op) for op, _ in entries) + 1
+    with open(path, "w") as f:
+        f.write(FLOOR_HEADER)
+        for (op, dtype), (fwd, bwd, comment) in sorted(entries.items()):
+            if fwd == "-" and bwd == "-" and not comment:
+                continue
+            line = f"{op:<{width}}{dtype:<9}{fwd:<9}{bwd}"
+            f.write((f"{line:<{width + 30}}# {comment}" if comment else line).rstrip() + "\n")
+
+
+def compare_floor(held: dict, data: dict) -> tuple[list, list]:
+    """(lost, gained): descriptions of held entries a run no longer reaches (with the reason),
+    and of entries it passes better than held."""
+    measured = floor_entries(data)
+    dtype = data["meta"].get("dtype", "float32")
+    lost, gained = [], []
+    for (op, entry_dtype), (fwd, bwd, _) in held.items():
+        if entry_dtype != dtype:
+            continue
+        record = data["ops"].get(op)
+        if record is None:
+            lost.append(f"{op} ({dtype}): not in this torch's OpInfo database")
+            continue
+        for direction, want in (("fwd", fwd), ("bwd", bwd)):
+            got = record.get(direction, "n/a")
+            if _level(got) < _level(want):
+                reason = record.get("reason" if direction == "fwd" else "bwd_reason", "")
+                if got == "fallback":
+                    reason = "fell back: " + ", ".join(sorted(record.get(f"fallback_{direction}") or {}))
+                lost.append(f"{op} ({dtype}) {direction}: held {want}, now {got}: {reason[:200]}")
+    for key, (fwd, bwd, _) in measured.items():
+        was = held.get(key, ("-", "-", ""))
+        for direction, got, want in (("fwd", fwd, was[0]), ("bwd", bwd, was[1])):
+            if _level(got) > _level(want):
+                gained.append(f"{key[0]} ({key[1]}) {direction}: held {want}, now {got}")
+    return lost, gained
+
+
+def update_floor(data: dict, path: str = FLOOR_PATH) -> list:
+    """Raises the file's entries to what the run reached (never lowers one); returns the raised ones."""
+    held = read_floor(path) if os.path.exists(path) else {}
+    _, gained = compare_floor(held, data)
+    for key, (fwd, bwd, comment) in floor_entries(data).items():
+        old = held.get(key, ("-", "-", ""))
+        new = tuple(max(a, b, key=_level) for a, b in zip(old[:2], (fwd, bwd)))
+        held[key] = (*new, comment if new != old[:2] or not old[2] else old[2])
+    write_floor(held, path)
+    return gained
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
@@ -932,6 +1044,9 @@ def main(argv=None):
     parser.add_argument("--json", help="default: docs/op_coverage.json (float32) or docs/op_coverage_<dtype>.json")
     parser.add_argument("--md", default=os.path.join(ROOT, "docs", "op_coverage.md"))
     parser.add_argument("--no-md", action="store_true", help="write neither the markdown nor the JSON file")
+    parser.add_argument("--update-floor", nargs="?", const=FLOOR_PATH, metavar="FILE",
+                        help="raise the entries of the OpInfo floor (default tests/opinfo_floor.txt) to what "
+                             "this run passes; implies --no-md")
     parser.add_argument("--max-ops-per-worker", type=int, default=0,
                         help="restart a worker after this many ops (bounds memory growth; 0: never)")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -943,6 +1058,14 @@ def main(argv=None):
                verbose=args.verbose, max_ops_per_worker=args.max_ops_per_worker, dtype=args.dtype)
     s = data["summary"]
     print(json.dumps({k: v for k, v in s.items() if not k.startswith("fallback_aten")}, indent=1))
+    if args.update_floor:
+        gained = update_floor(data, args.update_floor)
+        print(f"raised {len(gained)} entries of {args.update_floor}:", *gained, sep="\n  ", file=sys.stderr)
+        lost, _ = compare_floor(read_floor(args.update_floor), data)
+        if lost:
+            print("held entries this run does not reach (kept; fix them, or lower them by hand):", *lost,
+                  sep="\n  ", file=sys.stderr)
+        return 1 if lost else 0
     if not args.no_md:
         json_path = args.json or dtype_json_path(args.md, args.dtype)
         with open(json_path, "w") as out:

@@ -14,7 +14,7 @@ import torch
 __version__ = "0.1.0"
 __all__ = ["device", "platform", "set_mode", "get_mode", "mode", "sync", "metrics", "data", "profiler",
            "export", "Exported", "to_jax", "from_jax", "jax_op", "register_jax_op",
-           "scan_layers", "StackedLayers"]
+           "scan_layers", "StackedLayers", "explain", "spmd"]
 
 from torchtpu import _report, _settings, _versions  # noqa: E402  (they import nothing heavy)
 
@@ -26,7 +26,7 @@ _versions.check_versions()
 def _initialize():
     __import__("torchtpu.integrations", fromlist=["_"]).adapters_enabled()  # a bad setting fails before any change
     settings = _settings.read()  # every other setting, checked before anything starts
-    from torchtpu import _C
+    _C = _versions.load_core(torch.__version__)  # the glue compiled for this torch minor
 
     local_rank, local_world_size = _process_layout()
     # The runtime (jaxlib's client or a PJRT plugin's, TORCHTPU_RUNTIME) starts at the first
@@ -41,6 +41,8 @@ def _initialize():
     if settings.max_pending_ops is not None:
         _C.set_max_pending_ops(settings.max_pending_ops)
     _C.set_mode(settings.mode)
+    if settings.explain:
+        _C.explain_print(list(settings.explain))
     from torchtpu import _patches
 
     _patches.install()  # a torch it cannot patch raises PatchError, leaving torch as it was
@@ -92,11 +94,13 @@ from torchtpu import data  # noqa: E402
 from torchtpu import metrics  # noqa: E402
 from torchtpu.jax_interop import from_jax, jax_op, register_jax_op, to_jax  # noqa: E402
 from torchtpu import profiler  # noqa: E402
+from torchtpu import spmd  # noqa: E402
 from torchtpu._export import Exported, export  # noqa: E402
 
 __import__("torchtpu._linalg", fromlist=["_"]).install()  # tpu kernels of the JAX-lowered linalg ops
 from torchtpu.scan import scan_layers  # noqa: E402
 from torchtpu.stacked import StackedLayers  # noqa: E402
+from torchtpu._explain import explain  # noqa: E402
 
 
 def platform() -> str:

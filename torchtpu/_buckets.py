@@ -7,7 +7,11 @@ default) and the graph runs at the bucket's sizes on zero-padded inputs:
 
 - The FX graph is rewritten once per bucket. Every tensor carries a *padding spec*: per
   dimension, its factors (outermost first) and which of them are padded, so a dimension
-  that merges a padded one (`view(B*T, C)`) stays exact. A mask of the real elements is
+  that merges a padded one (`view(B*T, C)`) stays exact. A padded factor's real size is a
+  *length*: a symbol plus a constant ("s0", "s0+1", "s0-1"), so the tensors of a generation
+  step (a cache of T tokens, the cache grown to T + 1 by a cat, a sequence shortened by a
+  slice) share one padded size: each symbol's bucket holds its largest length in the graph
+  (`headroom`), and every length of that symbol is padded to it. A mask of the real elements is
   built inside the graph from `iota < real length`; the real lengths are one small int64
   input, so every length in a bucket replays the same executable.
 - Invariant: padded elements hold zeros. Ops that could write something else there
@@ -15,6 +19,9 @@ default) and the graph runs at the bucket's sizes on zero-padded inputs:
   `where(mask, out, 0)`. Sums and matmuls that contract a padded dimension are then exact;
   mean divides by the real count; max/softmax/logsumexp see -inf in the padding;
   nll_loss sees ignore_index for padded targets.
+- Positions that move with a length are read at the real sizes inside the graph: a slice
+  from the end (`x[:, -1:]`) gathers at `T - 1`, a cat along a padded dimension writes
+  the later pieces at `T` (index_copy), `x[:, :-1]` re-zeros the dropped element.
 - An op the rules do not cover touching a padded dimension (a sort along it, a variance
   over it, an index by a padded tensor, ...) turns bucketing off for that graph, which
   then compiles once per size as before (`metrics.report()` says why).
@@ -27,6 +34,7 @@ nothing is compiled per real size.
 The public API (all that compiler.py uses; fused eager mode can use the same, issue 16):
 
     policy(), bucket_of(n, policy)       the bucket a size runs at (TORCHTPU_BUCKETS)
+    at_least(n)                          within it, no bucket is below bucket_of(n)
     DynamicGraph(gm)                     an FX graph with symbolic sizes
         .symbols                         its size symbols, sorted
         .sizes(args)                     a call's real and bucket sizes (None: run exact)
@@ -46,6 +54,7 @@ the largest one runs unbucketed).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import operator
@@ -85,6 +94,21 @@ def bucket_of(n: int, pol) -> int:
         if size >= n:
             return size
     return n
+
+
+_FLOORS: list = []  # sizes at_least() keeps every bucket at or above
+
+
+@contextlib.contextmanager
+def at_least(size: int):
+    """Within: every symbol's bucket is at least bucket_of(size). A generation loop whose longest
+    sequence is known (a static KV cache of max_length) runs its growing graphs in that one
+    bucket from the start, so nothing compiles as the sequence grows."""
+    _FLOORS.append(int(size))
+    try:
+        yield
+    finally:
+        _FLOORS.pop()
 
 
 # ---------------------------------------------------------------------------------------
@@ -127,6 +151,39 @@ def graph_symbols(gm) -> list[str]:
 # Padding specs: per dimension a tuple of (size, symbol or None) factors, outermost first.
 
 
+def _length_key(symbol: str, offset: int) -> str:
+    """A padded factor's real size as a name: the symbol plus a constant ("s0", "s0+1")."""
+    return symbol if offset == 0 else f"{symbol}{offset:+d}"
+
+
+def _split_length(key: str):
+    """(symbol, offset) of a length key (symbol names hold no sign)."""
+    for i, ch in enumerate(key):
+        if ch in "+-":
+            return key[:i], int(key[i:])
+    return key, 0
+
+
+def _length(key: str, values: dict) -> int:
+    """A length's value given each symbol's value (real sizes or buckets)."""
+    symbol, offset = _split_length(key)
+    return values[symbol] + offset
+
+
+def _symbol_plus_offset(e):
+    """(symbol name, offset) when the size expression e is a symbol plus an integer, else None."""
+    if e is None or not e.free_symbols:
+        return None
+    if e.is_Symbol:
+        return e.name, 0
+    if e.is_Add and len(e.args) == 2:
+        const = [a for a in e.args if a.is_Integer]
+        sym = [a for a in e.args if a.is_Symbol]
+        if len(const) == 1 and len(sym) == 1:
+            return sym[0].name, int(const[0])
+    return None
+
+
 def _padded(dim) -> bool:
     return any(sym for _, sym in dim)
 
@@ -149,7 +206,7 @@ def _dim_size(dim, values=None) -> int:
     """A dimension's size: at the bucket's sizes, or at the real ones given `values`."""
     size = 1
     for factor, sym in dim:
-        size *= values[sym] if values is not None and sym else factor
+        size *= _length(sym, values) if values is not None and sym else factor
     return size
 
 
@@ -283,6 +340,8 @@ _VALUE_FIRST_ARGS = {_op_from_name(name): args for name, args in (
     ("aten::new_full", (2,)), ("aten::full_like", (1,)), ("aten::scalar_tensor", (0,)))}
 # Ops whose int argument is a position, read at the real sizes (x[:, T - 1]) by their rule.
 _SELECTS = ("aten::select.int", "aten::select_copy.int")
+# Slices: their SymInt arguments are positions too (_slice reads them).
+_SLICES = {aten.slice.Tensor, aten.slice_copy.Tensor}
 # Arithmetic that may take a size as a value (x * s0, grad / s0): it gets the real size.
 _SIZE_AS_VALUE_OPS = (aten.add, aten.sub, aten.mul, aten.div, aten.true_divide, aten.rsub)
 
@@ -312,21 +371,36 @@ class _Rewrite:
 
     # --- shapes -------------------------------------------------------------------------
     def shape(self, v):
-        """A (symbolic) value's shape at the bucket's sizes."""
-        return tuple(_eval(_expr(s), self.buckets) for s in v.shape)
+        """A (symbolic) value's shape at the bucket's sizes (a length: its symbol's bucket)."""
+        return tuple(self.size_at_bucket(_expr(s)) for s in v.shape)
+
+    def size_at_bucket(self, e) -> int:
+        length = _symbol_plus_offset(e)
+        if length is not None:
+            return self.buckets[length[0]]
+        return _eval(e, self.buckets)
 
     def spec_from_exprs(self, v):
-        """The spec of a fresh tensor: each dimension that is a plain symbol is padded."""
+        """The spec of a fresh tensor: each dimension whose size is a symbol plus a constant is
+        padded to that symbol's bucket."""
         dims = []
         for s in v.shape:
             e = _expr(s)
             if not e.free_symbols:
                 dims.append(_plain(int(e)))
-            elif len(e.free_symbols) == 1 and e == next(iter(e.free_symbols)):
-                dims.append(((self.buckets[e.name], e.name),))
-            else:
-                raise NoBucket(f"a dimension of size {e} (only plain symbols are padded)")
+                continue
+            length = _symbol_plus_offset(e)
+            if length is None:
+                raise NoBucket(f"a dimension of size {e} (only a symbol plus a constant is padded)")
+            dims.append(((self.buckets[length[0]], _length_key(*length)),))
         return tuple(dims)
+
+    def at_bucket(self, x):
+        """A size argument (an int or a SymInt node) at the bucket: a length is its symbol's
+        bucket (every length of a symbol is padded to it), a product the product of buckets."""
+        if not isinstance(x, torch.fx.Node) or not isinstance(_val(x), torch.SymInt):
+            return x
+        return self.size_at_bucket(_expr(_val(x)))
 
     def arg_spec(self, a):
         return self.spec.get(a) if isinstance(a, torch.fx.Node) else None
@@ -335,11 +409,15 @@ class _Rewrite:
     def call(self, op, *args, **kwargs):
         return self.graph.call_function(op, args, kwargs)
 
-    def real(self, sym):
-        """A 0-d int64 node: the real value of a size symbol."""
-        if sym not in self.real_nodes:
-            self.real_nodes[sym] = self.call(aten.select.int, self.lens, 0, self.symbols.index(sym))
-        return self.real_nodes[sym]
+    def real(self, key):
+        """A 0-d int64 node: the real value of a length (a symbol plus a constant)."""
+        if key not in self.real_nodes:
+            symbol, offset = _split_length(key)
+            if offset:
+                self.real_nodes[key] = self.call(aten.add.Scalar, self.real(symbol), offset)
+            else:
+                self.real_nodes[key] = self.call(aten.select.int, self.lens, 0, self.symbols.index(symbol))
+        return self.real_nodes[key]
 
     def dim_mask(self, dim, ndim, pos):
         key = (dim, ndim, pos)
@@ -486,6 +564,11 @@ class _Rewrite:
         if sym_args and op not in _SIZE_ARGS:
             self.size_as_value(n, op, name)
             op = n.target
+        elif sym_args and op not in _SLICES:
+            # Sizes computed from the symbols at run time would give s + 1 at the bucket where
+            # the tensor of length s + 1 has its symbol's bucket: the rewrite fixes them.
+            n.args = tuple([self.at_bucket(x) for x in a] if isinstance(a, (list, tuple)) else self.at_bucket(a)
+                           for a in n.args)
         outs = v if isinstance(v, (list, tuple)) else [v]
         symbolic_out = any(isinstance(o, torch.Tensor) and any(_expr(s).free_symbols for s in o.shape) for o in outs)
         if not padded_in and not symbolic_out:
@@ -624,17 +707,71 @@ def _slice(rw, n, v):
     out_shape = rw.shape(v)
     in_shape = rw.shape(_val(n.args[0]))
     if _padded(s0[d]):
-        if out_shape[d] == in_shape[d]:
-            return s0
-        raise NoBucket("a slice of a padded dimension")
+        return _slice_padded(rw, n, v, s0, d)
     spec = rw.spec_from_exprs(v)
     if _padded(spec[d]):  # x[:, :T] of a fixed-size tensor (a causal mask buffer)
-        sym = spec[d][0][1]
+        sym = _split_length(spec[d][0][1])[0]
         rw.limits.append((sym, in_shape[d]))
         spec = s0[:d] + (spec[d],) + s0[d + 1:]
         rw.rezero(n, spec, v.dtype)
         return spec
     return s0[:d] + (_plain(out_shape[d]),) + s0[d + 1:]
+
+
+def _position(rw, x, length_expr):
+    """A slice bound (int, None or a SymInt node) as an expression of the real sizes; a
+    negative number counts from the end of a dimension of length length_expr."""
+    import sympy
+
+    if x is None:
+        return sympy.Integer(0)
+    if isinstance(x, torch.fx.Node):
+        return _expr(_val(x))
+    return length_expr + x if x < 0 else sympy.Integer(x)
+
+
+def _slice_padded(rw, n, v, s0, d):
+    """x[..., a:b] along a padded dimension, at the real sizes: a window of fixed size at a
+    moving start (x[:, -1:]) is gathered there; a window of a length's size from a fixed start
+    (x[:, 1:], x[:, :-1]) is shifted to the front and its tail re-zeroed."""
+    args = list(n.args) + [None] * (5 - len(n.args))
+    step = args[4] if len(n.args) > 4 else 1
+    in_expr, out_expr = _expr(_val(n.args[0]).shape[d]), _expr(v.shape[d])
+    if out_expr == in_expr:
+        return s0
+    if step != 1 or len(s0[d]) != 1:
+        raise NoBucket("a strided slice, or a slice of a merged padded dimension")
+    start = _position(rw, args[2], in_expr)
+    x = n.args[0]
+    bucket = s0[d][0][0]
+    with rw.graph.inserting_before(n):
+        if not out_expr.free_symbols:  # a fixed-size window
+            size = int(out_expr)
+            if start.free_symbols:
+                index = rw.call(aten.add.Tensor, rw.sym_tensor(start),
+                                rw.call(aten.arange.default, size, dtype=torch.int64, device=rw.device))
+                out = rw.call(aten.index_select.default, x, d, index)
+            else:
+                out = rw.call(aten.slice.Tensor, x, d, int(start), int(start) + size)
+            spec = s0[:d] + (_plain(size),) + s0[d + 1:]
+        else:
+            if start.free_symbols:
+                raise NoBucket("a slice of a length's size at a moving start")
+            out_spec = rw.spec_from_exprs(v)
+            if out_spec[d][0][0] != bucket:
+                raise NoBucket("a slice of a padded dimension to another symbol's length")
+            out = x
+            if int(start):
+                out = rw.call(aten.slice.Tensor, x, d, int(start), bucket)
+                pad = [0, 0] * (len(s0) - 1 - d) + [0, int(start)]
+                out = rw.call(aten.constant_pad_nd.default, out, pad, 0)
+            spec = s0[:d] + (out_spec[d],) + s0[d + 1:]
+            out = rw.fill(out, spec, False if v.dtype == torch.bool else 0, v.dtype)
+    out.meta["val"] = v
+    n.replace_all_uses_with(out)
+    rw.graph.erase_node(n)
+    rw.spec[out] = spec
+    return spec
 
 
 @rule(*_SELECTS)
@@ -666,13 +803,44 @@ def _select(rw, n, v):
 
 @rule("aten::cat")
 def _cat(rw, n, v):
-    specs = [rw.spec[t] for t in n.args[0]]
+    """A cat along a padded dimension (a KV cache or a token row growing by a step): the
+    padded piece keeps its place and the fixed-size pieces after it are written at its real
+    end (index_copy at T, T + k, ...); fixed pieces before it shift it by a constant."""
+    tensors = list(n.args[0])
+    specs = [rw.spec[t] for t in tensors]
     d = _dim_arg(n, 1, len(specs[0]))
-    if any(_padded(s[d]) for s in specs):
-        raise NoBucket("a cat along a padded dimension")
     out_shape = rw.shape(v)
     rest = _broadcast([s[:d] + (_plain(1),) + s[d + 1:] for s in specs], out_shape[:d] + (1,) + out_shape[d + 1:])
-    return rest[:d] + (_plain(out_shape[d]),) + rest[d + 1:]
+    padded = [i for i, s in enumerate(specs) if _padded(s[d])]
+    if not padded:
+        return rest[:d] + (_plain(out_shape[d]),) + rest[d + 1:]
+    if len(padded) > 1 or len(specs[padded[0]][d]) != 1:
+        raise NoBucket("a cat of several padded pieces along a dimension")
+    p = padded[0]
+    bucket, key = specs[p][d][0]
+    out_dim = rw.spec_from_exprs(v)[d]
+    if out_dim[0][0] != bucket:
+        raise NoBucket("a cat along a padded dimension to another symbol's length")
+    spec = rest[:d] + (out_dim,) + rest[d + 1:]
+    with rw.graph.inserting_before(n):
+        base = tensors[p]
+        before = sum(rw.shape(_val(t))[d] for t in tensors[:p])
+        if before:  # fixed pieces first: the padded piece moves right by their size
+            base = rw.call(aten.cat.default, tensors[:p + 1], d)
+            base = rw.call(aten.slice.Tensor, base, d, 0, bucket)
+        end = rw.call(aten.add.Scalar, rw.real(key), before) if before else rw.real(key)
+        for t in tensors[p + 1:]:
+            size = rw.shape(_val(t))[d]
+            if size == 0:
+                continue
+            index = rw.call(aten.add.Tensor, end, rw.call(aten.arange.default, size, dtype=torch.int64, device=rw.device))
+            base = rw.call(aten.index_copy.default, base, d, index, t)
+            end = rw.call(aten.add.Scalar, end, size)
+    base.meta["val"] = v
+    n.replace_all_uses_with(base)
+    rw.graph.erase_node(n)
+    rw.spec[base] = spec
+    return spec
 
 
 @rule("aten::select_backward")
@@ -869,6 +1037,48 @@ def _layer_norm_backward(rw, n, v):
     return specs
 
 
+@rule("aten::gather")
+def _gather(rw, n, v):
+    """x.gather(d, index) by a padded index (a repetition penalty reads the scores of the
+    tokens so far): padded index entries (0) read a real element, re-zeroed after."""
+    if _any_padded(_input_spec(rw, n)):
+        raise NoBucket("aten::gather from a padded tensor")
+    spec = rw.arg_spec(n.args[2])
+    rw.rezero(n, spec, v.dtype)
+    return spec
+
+
+def _first_real(rw, x, spec):
+    """x with each padded element replaced by the element at position 0 of its padded
+    dimensions (a real one)."""
+    first = x
+    for d, dim in enumerate(spec):
+        if _padded(dim):
+            first = rw.call(aten.slice.Tensor, first, d, 0, 1)
+    first = rw.call(aten.expand.default, first, list(rw.shape(_val(x))))
+    return rw.call(aten.where.self, rw.mask(spec), x, first)
+
+
+@rule("aten::scatter.src", "aten::scatter.value", "aten::scatter_add")
+def _scatter(rw, n, v):
+    """x.scatter(d, index, src) by a padded index (the penalized scores written back): padded
+    entries repeat a real entry's (index, src) pair, which writes what that entry writes;
+    scatter_add's padded src adds zeros."""
+    s0 = _input_spec(rw, n)
+    if _any_padded(s0):
+        raise NoBucket(f"{n.target.name()} into a padded tensor")
+    index, index_spec = n.args[2], rw.arg_spec(n.args[2])
+    if n.target is not aten.scatter_add.default and _any_padded(index_spec):
+        src = n.args[3]
+        if isinstance(src, torch.fx.Node) and rw.arg_spec(src) != index_spec:
+            raise NoBucket(f"{n.target.name()} with a source padded unlike its index")
+        with rw.graph.inserting_before(n):
+            rw.replace_arg(n, 2, _first_real(rw, index, index_spec))
+            if isinstance(src, torch.fx.Node):
+                rw.replace_arg(n, 3, _first_real(rw, src, index_spec))
+    return s0
+
+
 @rule("aten::embedding")
 def _embedding(rw, n, v):
     table = _input_spec(rw, n)
@@ -1049,14 +1259,22 @@ def _factor_sizes(spec, values):
     for dim in spec:
         for size, sym in dim:
             padded.append(size)
-            real.append(values[sym] if sym else size)
+            real.append(_length(sym, values) if sym else size)
     return real, padded
 
 
-def pad(t: torch.Tensor, spec, reals: dict) -> torch.Tensor:
-    """t (real sizes) zero-padded to the bucket sizes of `spec` (on the host: no compile)."""
+def pad(t: torch.Tensor, spec, reals: dict, current=None) -> torch.Tensor:
+    """t (real sizes, or padded as the spec `current` says) zero-padded to the bucket sizes
+    of `spec` (on the host: no compile; a value kept padded from a smaller bucket is moved
+    to the next one this way once per bucket)."""
     real, padded = _factor_sizes(spec, reals)
     bucket_shape = [_dim_size(dim) for dim in spec]
+    if current is not None and current != spec:
+        held_real, held = _factor_sizes(current, reals)
+        host = t.detach().to("cpu").reshape(held)[tuple(slice(0, r) for r in held_real)]
+        out = torch.zeros(padded, dtype=host.dtype)
+        out[tuple(slice(0, r) for r in real)] = host
+        return out.reshape(bucket_shape).to(t.device)
     if real == padded or list(t.shape) == bucket_shape:  # nothing to pad, or already padded
         return t
     host = t.detach().to("cpu").reshape(real)
@@ -1104,6 +1322,17 @@ class DynamicGraph:
         outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.output_names = [o.name if isinstance(o, torch.fx.Node) else None for o in outputs]
         self.outputs = [_val(o) if isinstance(o, torch.fx.Node) else None for o in outputs]
+        # Per symbol, the largest constant its lengths add (a cat to T + 1): its bucket holds them all.
+        self.headroom = {s: 0 for s in self.symbols}
+        for node in gm.graph.nodes:
+            v = _val(node)
+            for t in v if isinstance(v, (list, tuple)) else [v]:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                for size in t.shape:
+                    length = _symbol_plus_offset(_expr(size))
+                    if length is not None and length[0] in self.headroom:
+                        self.headroom[length[0]] = max(self.headroom[length[0]], length[1])
 
     def real_sizes(self, args) -> dict:
         """The real value of each symbol that args show."""
@@ -1134,9 +1363,10 @@ class DynamicGraph:
         reals = self.real_sizes(args)
         if any(s not in reals for s in self.symbols):
             return None
-        if isinstance(pol, list) and any(reals[s] > pol[-1] for s in self.symbols):
+        if isinstance(pol, list) and any(reals[s] + self.headroom[s] > pol[-1] for s in self.symbols):
             return None
-        buckets = {s: bucket_of(reals[s], pol) for s in self.symbols}
+        floor = bucket_of(max(_FLOORS), pol) if _FLOORS else 0
+        buckets = {s: max(bucket_of(reals[s] + self.headroom[s], pol), floor) for s in self.symbols}
         return Sizes(reals, buckets, tuple(buckets[s] for s in self.symbols))
 
     def rewrite(self, sizes: Sizes, known_specs: dict | None = None) -> "Padded":

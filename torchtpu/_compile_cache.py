@@ -117,20 +117,21 @@ def _torchtpu_identity() -> str:
 _identity: str | None = None
 
 
-def cache_key(gm: torch.fx.GraphModule, example_inputs, aot_config, fx_config) -> str:
+def cache_key(gm: torch.fx.GraphModule, example_inputs, aot_config, fx_config, *details) -> str:
     """AOTAutogradCache's key for a tpu backend call: everything PyTorch's own key holds for
     AOTAutograd (Dynamo's graph with its constants, the inputs' metadata, the AOT config,
     grad and autocast state, deterministic algorithms, functorch's config, activation
     checkpointing hashes), then torch's version and torchtpu's part - but not the Inductor
     part (Inductor's config, custom passes, its source hash), whose computation imports all
     of Inductor's code generators and costs a warm process more than AOTAutograd itself.
+    `details`: what else this torch's AOTAutogradCacheDetails takes (2.14+: act_input_paths).
     Raises BypassAOTAutogradCache for graphs PyTorch deems uncacheable."""
     from torch._functorch._aot_autograd import autograd_cache
 
     with autograd_cache.sanitize_gm_for_cache(gm):
         autograd_cache.check_cacheable(gm)
-        details = _details_class()(gm, example_inputs, aot_config, fx_config)
-        return "tpu" + autograd_cache.AOTAutogradCachePickler(gm).get_hash(details)
+        hashed = _details_class()(gm, example_inputs, aot_config, fx_config, *details)
+        return "tpu" + autograd_cache.AOTAutogradCachePickler(gm).get_hash(hashed)
 
 
 def _details_class():

@@ -104,7 +104,6 @@ class _Structure:
             node = self.g.placeholder(f"size{i}")
             node.meta["val"] = s
             self.sym_nodes.append(node)
-        self.layouts = [layout for _, layout in desc["params"]]
         self.param_nodes = []
         for p, ((dims, _), value) in enumerate(zip(desc["params"], params)):
             node = self.g.placeholder(f"input{p}")
@@ -122,7 +121,7 @@ class _Structure:
         self.g.output([self.outputs[n][k] if n >= 0 else self.param_nodes[k] for n, k in desc["roots"]])
         gm = torch.fx.GraphModule(torch.nn.Module(), self.g)
         self.graph = _buckets.DynamicGraph(gm)
-        self.variants: dict = {}  # bucket key -> (Padded, input layouts it was built for) or reason
+        self.variants: dict = {}  # (bucket key, padded inputs' specs) -> Padded, or why not
 
     # --- rendering ----------------------------------------------------------------------
     def size_value(self, e):
@@ -244,35 +243,37 @@ class _Structure:
         return payload  # float, bool, str, floats, bools
 
     # --- running ------------------------------------------------------------------------
-    def layout_spec(self, layout, sizes):
-        """A padded input's layout as a padding spec at this bucket (its known_specs entry)."""
-        return tuple(tuple((sizes.bucket[self.names[sym]], self.names[sym]) if sym >= 0 else (bucket, None)
-                           for bucket, sym in dim) for dim in layout)
+    def layout_spec(self, layout, sizes=None):
+        """A padded input's layout as a padding spec at this bucket (its known_specs entry), or
+        as it is held now (sizes None)."""
+        return tuple(tuple(((sizes.bucket[self.names[sym]] if sizes else bucket),
+                            _buckets._length_key(self.names[sym], offset)) if sym >= 0 else (bucket, None)
+                           for bucket, sym, offset in dim) for dim in layout)
 
     def variant(self, sizes, layouts):
-        key = sizes.key
+        """The graph rewritten for this bucket and these padded inputs (a decode step's cache
+        arrives exact once, then padded: the same padded graph, rewritten once per form)."""
+        known = {f"input{p}": self.layout_spec(layout, sizes) for p, layout in enumerate(layouts) if layout}
+        key = (sizes.key, tuple(sorted(known.items())))
         if key not in self.variants:
-            known = {f"input{p}": self.layout_spec(layout, sizes) for p, layout in enumerate(layouts) if layout}
             try:
-                self.variants[key] = (self.graph.rewrite(sizes, known), known)
+                self.variants[key] = self.graph.rewrite(sizes, known)
             except _buckets.NoBucket as e:
                 self.variants[key] = str(e)
-        return self.variants[key]
+        return self.variants[key], known
 
     def run(self, symbols, params, layouts, scalars, pol):
         args = [*symbols, *params, *scalars]
         sizes = self.graph.sizes(args, pol)
         if sizes is None:
             return "a size is above the largest bucket of TORCHTPU_BUCKETS"
-        found = self.variant(sizes, layouts)
-        if isinstance(found, str):
-            return found
-        padded, known = found
+        padded, known = self.variant(sizes, layouts)
+        if isinstance(padded, str):
+            return padded
         for p, layout in enumerate(layouts):
-            if layout and known.get(f"input{p}") != self.layout_spec(layout, sizes):
-                return "an input computed padded has another padding than the graph was bucketed for"
-            if bool(layout) != bool(self.layouts[p]):
-                return "an input computed padded is not where the graph was bucketed for one"
+            if layout and self.layout_spec(layout) != known[f"input{p}"]:  # kept from a smaller bucket
+                i = len(symbols) + p
+                args[i] = _buckets.pad(args[i], known[f"input{p}"], sizes.real, current=self.layout_spec(layout))
         inputs = padded.prepare(args, sizes)
         del args, params
         with torch.no_grad():
@@ -282,6 +283,7 @@ class _Structure:
         out_layouts = []
         for spec in padded.output_specs:
             padded_dims = spec is not None and any(sym for dim in spec for _, sym in dim)
-            out_layouts.append([[(size, index[sym] if sym else -1) for size, sym in dim] for dim in spec]
+            out_layouts.append([[(size, index[_buckets._split_length(key)[0]], _buckets._split_length(key)[1])
+                                 if key else (size, -1, 0) for size, key in dim] for dim in spec]
                                if padded_dims else None)
         return [sizes.bucket[name] for name in self.names], list(outputs), out_layouts

@@ -14,7 +14,9 @@ PyTorch's conventions kept here: LU pivots are 1-based int32 (LAPACK's), `info` 
 follow LAPACK's (getrf: 1 + the first zero pivot), `check_errors=True` raises
 torch.linalg.LinAlgError through PyTorch's own _linalg_check_errors, empty outputs for
 parts not asked for (mode="r", compute_uv=False, ...), batch dimensions broadcast.
-Inputs other than float32 / float64 run PyTorch's CPU kernel, which raises PyTorch's error.
+Inputs other than float32 / float64 go to PyTorch's CPU kernel through the one CPU fallback
+path (`_C.cpu_kernel_decides`, csrc/device/cpu_fallback.cpp): its error for a dtype it refuses
+(float16), a counted fallback under TORCHTPU_FALLBACK for one it computes (complex).
 """
 from __future__ import annotations
 
@@ -105,14 +107,17 @@ _TAKEN = _FLOATS + (torch.int32, torch.int64)  # int for pivots
 
 def real_float_only(name: str, floats: tuple = _FLOATS):
     """Runs the kernel for matrices of `floats` (float32 / float64 unless the op takes more);
-    other dtypes run PyTorch's CPU kernel, which raises its error for dtypes the op does not
-    take (no linear algebra op here computes other dtypes on CPU)."""
+    other dtypes go to PyTorch's CPU kernel (_on_cpu), which raises its error for dtypes the
+    op does not take and computes complex ones as a counted fallback."""
 
     def wrap(fn):
         @functools.wraps(fn)
         def checked(*args, **kwargs):
             tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
             if all(t.dtype in floats + _TAKEN for t in tensors) and any(t.dtype in floats for t in tensors):
+                if _C.explaining():
+                    _C.explain_route(f"aten::{name}", "JAX kernel", "torchtpu/_linalg.py: jax.lax.linalg, inlined "
+                                     "as StableHLO (torchtpu::call_stablehlo)")
                 return fn(*args, **kwargs)
             return _on_cpu(name, args, kwargs)
 
@@ -122,13 +127,10 @@ def real_float_only(name: str, floats: tuple = _FLOATS):
 
 
 def _on_cpu(name, args, kwargs):
-    device = next(a.device for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor))
-
-    def to_cpu(a):
-        return a.cpu() if isinstance(a, torch.Tensor) else a
-
-    out = getattr(torch.ops.aten, name)(*map(to_cpu, args), **{k: to_cpu(v) for k, v in kwargs.items()})
-    return tuple(t.to(device) for t in out) if isinstance(out, tuple) else out.to(device)
+    """PyTorch's CPU kernel decides, through the one CPU fallback path (device/cpu_fallback.cpp):
+    its error when it raises (no fallback), else a counted fallback under TORCHTPU_FALLBACK."""
+    return _C.cpu_kernel_decides(f"aten::{name}", "", "the JAX kernel takes real float matrices only", *args,
+                                 **kwargs)
 
 
 def raise_errors(info: torch.Tensor, api: str, a: torch.Tensor):

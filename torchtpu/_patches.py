@@ -1,32 +1,33 @@
-"""Every change torchtpu makes to PyTorch's Python internals, in one module, each guarded.
+"""Every change torchtpu makes to other projects' code, in one registry, each entry guarded.
 
-A patch replaces one attribute of torch. Before it does, it checks that the attribute is
-there and looks as this code expects (its parameters; the names its code reads that the
-patch relies on). On a torch release where it does not, importing torchtpu raises
-PatchError naming the patch and the torch version, instead of misbehaving silently.
-tests/test_patches.py covers each patch's behaviour and its guard.
+An entry (`Patch`) is one change: a Python attribute of torch or of a library replaced
+(registered with @patch, here or in the module it belongs to), or torchtpu's kernels at a
+dispatch key every device goes through (Functionalize, Meta, ADInplaceOrView: registered by
+torchtpu._C, csrc/device/kernel_overrides.h). Before a patch changes anything it checks that
+its target is there and looks as this code expects (its parameters; the names its code reads
+that the patch relies on); on a release where it does not, PatchError names the patch and
+the version instead of misbehaving silently. Every entry can be removed again (`restore`).
 
-Patched (PATCHES, in install order):
-    printing           torch._tensor_str._tensor_str and _str
-    functional check   torch._is_functional_tensor (a per-thread "describe as plain" flag)
-    saving             torch._C._has_storage
-    loading            torch.load
-    module.to          torch.nn.Module._apply
-    inference mode     torch.autograd.grad_mode.inference_mode.__enter__ / __exit__
-    fakeification      torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor
-    storage resize     torch.UntypedStorage.resize_ (free and re-allocate a tpu storage)
-    optimizer step     torch.optim.Optimizer.profile_hook_step (a step is a transaction)
-    compile cache      AOTAutogradCache.iterate_over_candidates and _write_to_local_cache,
-                       torch._functorch._aot_autograd.autograd_cache.autograd_cache_key
-                       (installed when torchtpu.compiler loads: torch._functorch's cache
-                       module is too heavy to import with torchtpu)
+`python -m torchtpu patches` prints the table (`entries()`); docs/ARCHITECTURE.md ("Changes to
+other projects' code") holds the same table, and tests/test_patches.py keeps them equal and
+covers each patch's behaviour and its guard.
+
+An entry is installed `when`:
+    import                  torchtpu loads (install())
+    torch.compile           torchtpu.compiler loads (install_lazy): torch._functorch's cache
+                            module is too heavy to import with torchtpu
+    tpu process group       the first tpu process group is created (torchtpu/distributed.py)
+    import of <module>      the library's module loads (torchtpu/integrations/)
 The end of an optimizer step uses PyTorch's public optimizer hooks (no patch, no guard).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import importlib
 import inspect
+import os
 import threading
 from typing import Callable
 
@@ -36,62 +37,206 @@ from torchtpu import _C
 
 
 class PatchError(RuntimeError):
-    """A patched torch internal is missing or not what torchtpu expects."""
+    """A patched torch internal (or library internal) is missing or not what torchtpu expects."""
 
 
-PATCHES: dict[str, Callable[[], None]] = {}
-LAZY = set()  # names of patches installed at their first use (install_lazy), not at load
-_originals: dict[tuple[object, str], object] = {}  # (owner, attribute) -> torch's own
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One change torchtpu makes to another project's code."""
+
+    name: str
+    kind: str                  # "<library> attribute", or "<DispatchKey> kernel, replaces torch's / added"
+    when: str                  # see the module's docstring
+    targets: tuple[str, ...]   # what it changes: "torch.load", "aten::add_.Tensor", or a rule
+    install: Callable | None = None  # None for the C++ kernels (torchtpu._C installs them)
+    library: str = "torch"
+    source: str = ""           # the file that makes the change
+
+    def row(self) -> tuple[str, str, str, str]:
+        """The entry as a row of the table in docs/ARCHITECTURE.md."""
+        return (self.name, self.kind, self.when, ", ".join(t if " " in t else f"`{t}`" for t in self.targets))
 
 
-def patch(name: str, lazy: bool = False):
-    """Registers an install function under a name (PATCHES, install(), install_lazy())."""
+PATCHES: dict[str, Patch] = {}  # the Python patches, in registration order
+_originals: dict[tuple[object, str], object] = {}  # (owner, attribute) -> its own value before any patch
+_inherited: set[tuple[object, str]] = set()  # of those, attributes the owner inherited from a base class
+_installed: dict[str, list] = {}  # patch name -> what it changed: (owner, attribute) keys, or Libraries
+_installing: list[str] = []  # the patch whose install function runs now (install(), apply())
+_install_lock = threading.RLock()
+# Modules that register patches besides this one (imported by entries()).
+_REGISTERING_MODULES = ("torchtpu.distributed", "torchtpu.integrations.accelerate",
+                        "torchtpu.integrations.safetensors", "torchtpu.integrations.huggingface_hub",
+                        "torchtpu.integrations.lightning", "torchtpu.integrations.transformers")
+
+
+def patch(name: str, targets: tuple[str, ...], when: str = "import", library: str = "torch",
+          kind: str | None = None):
+    """Registers an install function as the patch `name` (it changes exactly `targets`)."""
 
     def register(fn):
-        PATCHES[name] = fn
-        if lazy:
-            LAZY.add(name)
+        if name in PATCHES:
+            raise ValueError(f"torchtpu patch {name!r} is registered twice")
+        PATCHES[name] = Patch(name, kind or f"{library} attribute", when, tuple(targets), fn, library,
+                              _relative(inspect.getsourcefile(fn)))
         return fn
 
     return register
 
 
-def checked(patch_name: str, owner, attribute: str, params=None, reads=()):
-    """torch's own owner.attribute, after checking that it exists, that its parameters start
-    with `params` (names) and that its code reads each name in `reads`; else PatchError."""
-    where = f"{getattr(owner, '__module__', '')}.{getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}"
-    where = f"{where.strip('.')}.{attribute}"
+def _relative(path: str | None) -> str:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.relpath(path, root) if path else ""
+
+
+def kernel_entries() -> list[Patch]:
+    """torchtpu._C's kernels at dispatch keys every device goes through, as entries."""
+    entries = []
+    for info in _C.kernel_overrides():
+        kind = f"{info['key']} kernel, " + ("replaces torch's" if info["replaces"] else "added")
+        targets = (info["rule"],) if info["rule"] else tuple(info["ops"])
+        entries.append(Patch(info["name"], kind, "import", targets, None, "torch", "csrc/device/kernel_overrides.h"))
+    return entries
+
+
+def entries() -> list[Patch]:
+    """Every change to other projects' code: the Python patches, then torchtpu._C's kernels."""
+    for module in _REGISTERING_MODULES:
+        importlib.import_module(module)
+    return list(PATCHES.values()) + kernel_entries()
+
+
+def table(with_state: bool = False) -> str:
+    """The registry as the markdown table docs/ARCHITECTURE.md holds (`python -m torchtpu
+    patches` adds a column saying whether each change is in place now)."""
+    header = ["change", "kind", "when", "targets"] + (["now"] if with_state else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for entry in entries():
+        cells = list(entry.row()) + (["installed" if installed(entry.name) else "not installed"] if with_state else [])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """`python -m torchtpu patches`."""
+    print("torchtpu's changes to other projects' code (torchtpu/_patches.py; docs/ARCHITECTURE.md explains them):")
+    print()
+    print(table(with_state=True))
+    return 0
+
+
+def installed(name: str) -> bool:
+    """Whether the entry's change is in place now."""
+    if name in PATCHES:
+        return name in _installed
+    return any(info["name"] == name and info["active"] for info in _C.kernel_overrides())
+
+
+def checked(patch_name: str, owner, attribute: str, params=None, reads=(), is_property=False):
+    """The patched project's own owner.attribute, after checking that it exists (a property
+    when is_property), that its parameters start with `params` (names) and that its code
+    reads each name in `reads`; else PatchError naming the patch and the project's version."""
+    where = _path(owner, attribute)
     target = _originals.get((owner, attribute), getattr(owner, attribute, None))
 
     def fail(what):
-        return PatchError(f"torchtpu patch '{patch_name}': {where} {what} in torch {torch.__version__}; "
-                          "install the torch release torchtpu pins (requirements.txt), or update this "
-                          "patch (torchtpu/_patches.py)")
+        entry = PATCHES.get(patch_name)
+        library = entry.library if entry else "torch"
+        if library == "torch":
+            return PatchError(f"torchtpu patch '{patch_name}': {where} {what} in torch {torch.__version__}; "
+                              "install the torch release torchtpu pins (requirements.txt), or update this "
+                              f"patch ({entry.source if entry else 'torchtpu/_patches.py'})")
+        version = getattr(importlib.import_module(library), "__version__", "?")
+        return PatchError(f"torchtpu patch '{patch_name}': {where} {what} in {library} {version}; install the "
+                          f"{library} release torchtpu was checked with (requirements.txt), or update this patch "
+                          f"({entry.source})")
 
     if target is None:
         raise fail("does not exist")
-    if not callable(target):
+    if is_property:
+        if not isinstance(target, property):
+            raise fail(f"is a {type(target).__name__}, not a property")
+        function = target.fget
+    elif not callable(target):
         raise fail(f"is a {type(target).__name__}, not a function")
+    else:
+        function = target
     if params is not None:
-        actual = list(inspect.signature(target).parameters)
+        actual = list(inspect.signature(function).parameters)
         if actual[:len(params)] != list(params):
             raise fail(f"takes ({', '.join(actual)}), not ({', '.join(params)}, ...)")
-    code = getattr(inspect.unwrap(target), "__code__", None)
+    code = getattr(inspect.unwrap(function), "__code__", None)
     for name in reads:
         if code is None or name not in code.co_names:
             raise fail(f"no longer reads {name}")
     return target
 
 
+def _path(owner, attribute: str) -> str:
+    """owner.attribute by its full name: "torch.load", "torch.nn.modules.module.Module._apply"."""
+    if inspect.ismodule(owner):
+        return f"{owner.__name__}.{attribute}"
+    return f"{owner.__module__}.{owner.__qualname__}.{attribute}"
+
+
 def _replace(owner, attribute: str, replacement) -> None:
-    _originals.setdefault((owner, attribute), getattr(owner, attribute))
+    """Sets owner.attribute for the patch being installed (restore() puts the original back)."""
+    key = (owner, attribute)
+    if key not in _originals:
+        _originals[key] = getattr(owner, attribute)
+        if not inspect.ismodule(owner) and attribute not in vars(owner):
+            _inherited.add(key)  # restore() deletes it again, so that the base class's shows
+    _installed[_installing[-1]].append(key)
     setattr(owner, attribute, _like(owner, attribute, replacement))
 
 
+def _library(namespace: str) -> torch.library.Library:
+    """A torch.library.Library for the patch being installed (restore() destroys it)."""
+    library = torch.library.Library(namespace, "IMPL")
+    _installed[_installing[-1]].append(library)
+    return library
+
+
+def apply(name: str, *args) -> None:
+    """Installs one patch (PATCHES[name].install(*args)), once; a failed guard changes nothing."""
+    with _install_lock:
+        if name in _installed:
+            return
+        _installed[name] = []
+        _installing.append(name)
+        try:
+            PATCHES[name].install(*args)
+        except BaseException:
+            restore(name)
+            raise
+        finally:
+            _installing.pop()
+
+
+def restore(name: str) -> None:
+    """Undoes one entry: the patched attributes get their own values back (a C++ kernel entry
+    is removed from the dispatcher). An entry not installed is left as it is."""
+    with _install_lock:
+        if name not in PATCHES:
+            if not _C.restore_kernel_override(name):
+                raise KeyError(f"torchtpu has no patch named {name!r}")
+            return
+        for change in reversed(_installed.pop(name, [])):
+            if isinstance(change, tuple):
+                owner, attribute = change
+                if change in _inherited:
+                    delattr(owner, attribute)
+                    _inherited.discard(change)
+                    del _originals[change]
+                elif change in _originals:
+                    setattr(owner, attribute, _like(owner, attribute, _originals.pop(change)))
+            else:
+                change._destroy()
+
+
 def _restore() -> None:
-    for (owner, attribute), original in _originals.items():
-        setattr(owner, attribute, _like(owner, attribute, original))
-    _originals.clear()
+    """Undoes every Python patch (a failed import of torchtpu leaves torch as it was)."""
+    for name in reversed(list(_installed)):
+        restore(name)
 
 
 def _like(owner, attribute: str, function):
@@ -118,7 +263,7 @@ def _is_tpu(tensor) -> bool:
 _plain = threading.local()
 
 
-@patch("functional check")
+@patch("functional check", targets=("torch._is_functional_tensor",))
 def _patch_functional_check():
     original = checked("functional check", torch, "_is_functional_tensor")
 
@@ -147,7 +292,7 @@ def described_as_plain(predicate: Callable[[torch.Tensor], bool]):
 # Printing.
 
 
-@patch("printing")
+@patch("printing", targets=("torch._tensor_str._tensor_str", "torch._tensor_str._str"))
 def _patch_printing():
     import torch._tensor_str as tensor_str
 
@@ -179,7 +324,7 @@ def _patch_printing():
 # Saving and loading.
 
 
-@patch("saving")
+@patch("saving", targets=("torch._C._has_storage",))
 def _patch_saving():
     # torch.save (and deepcopy) of a tpu tensor go through a CPU copy, as for XLA tensors:
     # PyTorch takes that path for a PrivateUse1 tensor without storage.
@@ -195,7 +340,7 @@ def _patch_saving():
     _replace(torch._C, "_has_storage", _has_storage)
 
 
-@patch("loading")
+@patch("loading", targets=("torch.load",))
 def _patch_loading():
     # torch.load(..., map_location="tpu") loads on CPU and moves the result.
     original = checked("loading", torch, "load", params=("f", "map_location"))
@@ -242,7 +387,7 @@ def _move(obj, device):
 # module.to("tpu").
 
 
-@patch("module.to")
+@patch("module.to", targets=("torch.nn.modules.module.Module._apply",))
 def _patch_module_apply():
     # module.to("tpu") must keep each Parameter object, as on CUDA: an optimizer built before
     # the move (accelerate's prepare(model, optimizer), or plain user code) holds them. A tpu
@@ -255,7 +400,7 @@ def _patch_module_apply():
     # compiled graph) gets a new Parameter object; weights shared between modules (tied
     # embeddings) are then re-tied after the move.
     original = checked("module.to", torch.nn.Module, "_apply", params=("self", "fn", "recurse"),
-                       reads=("_parameters",))
+                       reads=("_parameters", "_buffers"))
     future = torch.__future__
     for name in ("get_swap_module_params_on_conversion", "set_swap_module_params_on_conversion"):
         checked("module.to", future, name)
@@ -282,6 +427,7 @@ def _patch_module_apply():
                 or not _touches_tpu(self, fn):
             return original(self, fn, recurse)
         state.active = True
+        lazy = _take_uninitialized(self, fn, recurse)
         try:
             future.set_swap_module_params_on_conversion(True)
             try:
@@ -293,9 +439,32 @@ def _patch_module_apply():
                 future.set_swap_module_params_on_conversion(False)
             return plain_apply_retied(self, fn, recurse)
         finally:
+            for table, name, tensor in lazy:
+                table[name] = tensor
             state.active = False
 
     _replace(torch.nn.Module, "_apply", _apply)
+
+
+def _take_uninitialized(module, fn, recurse):
+    # Lazy modules' UninitializedParameter / UninitializedBuffer hold no data: PyTorch keeps
+    # them through .to() by setting .data, which a tpu tensor cannot take over from a CPU one,
+    # and a swap or a new Parameter loses the class (the module then fails with a 0-element
+    # weight). Each is taken out before the conversion and replaced by a new uninitialized
+    # one on the converted device and dtype, which materializes there at the first forward.
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+    replaced = []
+    for owner in (module.modules() if recurse else [module]):
+        for table in (owner._parameters, owner._buffers):
+            for name, tensor in list(table.items()):
+                if not isinstance(tensor, (UninitializedParameter, UninitializedBuffer)):
+                    continue
+                probe = fn(torch.empty(0, dtype=tensor.dtype, device=tensor.device))
+                kind = type(tensor)
+                replaced.append((table, name, kind(requires_grad=tensor.requires_grad, device=probe.device,
+                                                   dtype=probe.dtype)))
+                del table[name]
+    return replaced
 
 
 def _touches_tpu(module, fn) -> bool:
@@ -316,7 +485,8 @@ def _maps_to_tpu(fn) -> bool:
 # torch.inference_mode().
 
 
-@patch("inference mode")
+@patch("inference mode", targets=("torch.autograd.grad_mode.inference_mode.__enter__",
+                                  "torch.autograd.grad_mode.inference_mode.__exit__"))
 def _patch_inference_mode():
     # PyTorch's C++ functionalization (which tpu tensors go through, as XLA's do) cannot take
     # a view of a normal tensor under inference mode: the view's wrapper is created as an
@@ -367,7 +537,7 @@ def _patch_inference_mode():
 # Fakeification (torch.compile).
 
 
-@patch("fakeification")
+@patch("fakeification", targets=("torch._subclasses.meta_utils.MetaTensorDescriber.describe_tensor",))
 def _patch_fakeification():
     # Dynamo turns inputs into FakeTensors through MetaTensorDescriber, which unwraps
     # functional tensors unless their device is xla or lazy; that gives functional-wrapped
@@ -401,7 +571,7 @@ def _patch_fakeification():
 # re-allocates them with resize_(nbytes) before the all-gather writes them.
 
 
-@patch("storage resize")
+@patch("storage resize", targets=("torch.storage.UntypedStorage.resize_",))
 def _patch_storage_resize():
     # torch's resize_ refuses a storage without a host address and non-zero size ("invalid
     # python storage"), which every tpu storage is; torchtpu._C frees or re-allocates its
@@ -424,7 +594,7 @@ def _patch_storage_resize():
 # Optimizer steps as transactions.
 
 
-@patch("optimizer step")
+@patch("optimizer step", targets=("torch.optim.optimizer.Optimizer.profile_hook_step",))
 def _patch_optimizer_step():
     # A step that raises - an op inside it, or the flush of its graph at its end - is undone:
     # parameters and optimizer state get back what they held before it, so no step is ever
@@ -555,7 +725,10 @@ def _register_optimizer_hooks():
 # torch.compile's AOTAutograd cache in torchtpu's private folder.
 
 
-@patch("compile cache", lazy=True)
+@patch("compile cache", when="torch.compile", targets=(
+    "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
+    "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache.iterate_over_candidates",
+    "torch._functorch._aot_autograd.autograd_cache.AOTAutogradCache._write_to_local_cache"))
 def _patch_compile_cache():
     # The tpu backend caches AOTAutograd's results with PyTorch's own AOTAutogradCache
     # (torchtpu/_compile_cache.py), but its local entries must live in torchtpu's private,
@@ -566,11 +739,22 @@ def _patch_compile_cache():
 
     from torchtpu import _compile_cache
 
+    # torch 2.11 builds the fx config in try_load and passes it: (gm, example_inputs, config,
+    # fx_config); 2.12 and later pass (mod, example_inputs, config, compiler_config_extra), and
+    # 2.14 and later add act_input_paths, which AOTAutogradCacheDetails takes as well.
+    own_key = getattr(autograd_cache, "autograd_cache_key", None)
+    takes_fx_config = own_key is not None and "fx_config" in inspect.signature(own_key).parameters
     key = checked("compile cache", autograd_cache, "autograd_cache_key",
-                  params=("mod", "example_inputs", "config", "compiler_config_extra"))
-    checked("compile cache", AOTAutogradCache, "try_load", reads=("autograd_cache_key", "create_fx_config"))
-    checked("compile cache", autograd_cache.AOTAutogradCacheDetails, "__init__",
-            reads=("_init_fx_graph_hash_details",))
+                  params=("gm", "example_inputs", "config", "fx_config") if takes_fx_config else
+                  ("mod", "example_inputs", "config", "compiler_config_extra"))
+    checked("compile cache", AOTAutogradCache, "try_load",
+            reads=("autograd_cache_key",) if takes_fx_config else ("autograd_cache_key", "create_fx_config"))
+    # 2.13 and later compute Inductor's part of the key in _init_fx_graph_hash_details, which
+    # _compile_cache's details class leaves out; 2.11 and 2.12 compute it in __init__ (their keys
+    # then cost an Inductor import, and stay correct).
+    if hasattr(autograd_cache.AOTAutogradCacheDetails, "_init_fx_graph_hash_details"):
+        checked("compile cache", autograd_cache.AOTAutogradCacheDetails, "__init__",
+                reads=("_init_fx_graph_hash_details",))
     candidates = checked("compile cache", AOTAutogradCache, "iterate_over_candidates",
                          params=("local", "remote_cache", "key"))
     write = checked("compile cache", AOTAutogradCache, "_write_to_local_cache", params=("key", "content"))
@@ -578,13 +762,13 @@ def _patch_compile_cache():
     checked("compile cache", AOTAutogradCache, "save", reads=("_write_to_local_cache",))
 
     @functools.wraps(key)
-    def autograd_cache_key(mod, example_inputs, config, compiler_config_extra=None):
+    def autograd_cache_key(mod, example_inputs, config, extra=None, *details):
         # Without Inductor's part, whose computation imports all of Inductor (see cache_key).
         if not _compile_cache.active():
-            return key(mod, example_inputs, config, compiler_config_extra)
+            return key(mod, example_inputs, config, extra, *details)
         gm = mod.gm if isinstance(mod, torch._dynamo.utils.GmWrapper) else mod
-        fx_config = autograd_cache.create_fx_config(compiler_config_extra)
-        return _compile_cache.cache_key(gm, example_inputs, config, fx_config), []
+        fx_config = extra if takes_fx_config else autograd_cache.create_fx_config(extra)
+        return _compile_cache.cache_key(gm, example_inputs, config, fx_config, *details), []
 
     @functools.wraps(candidates)
     def iterate_over_candidates(cls, local, remote_cache, key):
@@ -603,32 +787,58 @@ def _patch_compile_cache():
     _replace(AOTAutogradCache, "_write_to_local_cache", _write_to_local_cache)
 
 
-_install_lock = threading.Lock()
-_installed = False
-_installed_lazy: set = set()
+# ---------------------------------------------------------------------------------------
+# torch.compile(model) with Inductor (the default backend) on tpu tensors.
+
+
+@patch("inductor on tpu", targets=("torch._TorchCompileInductorWrapper.__call__",))
+def _patch_inductor_on_tpu():
+    # Inductor generates code for CPU and CUDA; PyTorch 2.13's takes device "tpu" for Google's
+    # torch_tpu (torch.utils._pallas.has_torch_tpu() only checks that torch.tpu exists) and
+    # emits Pallas code for a package that is not installed, or crashes. torch.compile builds
+    # this wrapper for backend "inductor", by default or by name: a graph whose inputs are on
+    # tpu goes to torchtpu's backend instead (said once), so torch.compile(model) works
+    # unchanged; graphs on other devices still go to Inductor.
+    import warnings
+    wrapper = checked("inductor on tpu", torch, "_TorchCompileInductorWrapper")
+    original = checked("inductor on tpu", wrapper, "__call__", params=("self", "model_", "inputs_"),
+                       reads=("compile_fx",))
+    warned = []
+
+    @functools.wraps(original)
+    def __call__(self, model_, inputs_, **kwargs):
+        if not any(_is_tpu(t) for t in inputs_):
+            return original(self, model_, inputs_, **kwargs)
+        if not warned:
+            warned.append(True)
+            warnings.warn("torchtpu: torch.compile with Inductor (the default backend) on tpu tensors compiles "
+                          "with torchtpu's backend instead (Inductor generates code for CPU and CUDA only); "
+                          "pass backend=\"tpu\" to say so. Inductor's mode and options do not apply.")
+        from torchtpu.compiler import tpu_backend
+        return tpu_backend(model_, inputs_)
+
+    _replace(wrapper, "__call__", __call__)
 
 
 def install():
-    """Applies every patch (PATCHES) and registers the optimizer hooks, once."""
-    global _installed
+    """Applies every patch installed when torchtpu loads (when="import"), and registers the
+    optimizer hooks, once. A failed guard raises PatchError and leaves torch as it was."""
     with _install_lock:
-        if _installed:
+        if getattr(install, "done", False):
             return
         try:
-            for name, install_patch in PATCHES.items():
-                if name not in LAZY:
-                    install_patch()
+            for module in _REGISTERING_MODULES:
+                importlib.import_module(module)
+            for name, entry in list(PATCHES.items()):
+                if entry.when == "import":
+                    apply(name)
         except PatchError:
-            _restore()  # torch as it was: a failed import of torchtpu leaves nothing behind
+            _restore()
             raise
         _register_optimizer_hooks()
-        _installed = True
+        install.done = True
 
 
 def install_lazy(name: str) -> None:
-    """Applies one patch that waits for its first use (LAZY), once."""
-    with _install_lock:
-        if name in _installed_lazy:
-            return
-        PATCHES[name]()
-        _installed_lazy.add(name)
+    """Applies one patch that waits for its first use (when != "import"), once."""
+    apply(name)

@@ -30,6 +30,64 @@ def _version(distribution: str) -> str:
     return _versions.installed(distribution) or "not installed"
 
 
+# PJRT plugins jax loads (installed by torchtpu's extras through jax's); each must be the
+# release of the installed jaxlib.
+_JAX_PLUGINS = ("jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt", "libtpu")
+
+
+def _glue_line() -> str:
+    glues = _versions.built_glues()
+    if not glues:
+        return "  glue      none built for this Python (see the problems below)"
+    torch_version = _versions.installed("torch")
+    match = ""
+    if torch_version:
+        minor = ".".join(map(str, _versions.release(torch_version)))
+        match = f"; {'one' if _versions.release(torch_version) in glues else 'none'} for the installed torch {minor}"
+    return f"  glue      built for torch {', '.join(glues[m] for m in sorted(glues))}{match}"
+
+
+def _torch_line() -> str:
+    supported = _versions.SUPPORTED_TORCH
+    return (f"torch     {_version('torch')}  (torchtpu supports torch "
+            f"{_versions.torch_requirement(supported)}: {supported[0][0]}.{supported[0][1]} to "
+            f"{supported[-1][0]}.{supported[-1][1]})")
+
+
+def _plugin_lines(problems: list[str]) -> list[str]:
+    """The installed PJRT plugins, each checked against jaxlib's release."""
+    jaxlib = _versions.installed("jaxlib")
+    lines = []
+    for name in _JAX_PLUGINS:
+        version = _versions.installed(name)
+        if version is None:
+            continue
+        lines.append(f"plugin    {name} {version}")
+        if name != "libtpu" and jaxlib and _versions.release(version) != _versions.release(jaxlib):
+            extra = "cuda13" if "cuda13" in name else "cuda12"
+            problems.append(f"{name} {version} does not match jaxlib {jaxlib} (jax loads only its own "
+                            f"release's plugin). Fix: pip install 'jax[{extra}]=={jaxlib}'")
+    return lines or ["plugin    none (jax's CPU client only; GPU/TPU: pip install 'torchtpu[cuda12]', "
+                     "'[cuda13]' or '[tpu]')"]
+
+
+def _python_line() -> str:
+    note = "" if sys.version_info >= (3, 12) else "  (jax 0.11 and newer need Python 3.12+)"
+    return f"Python    {host.python_version()}  ({sys.executable}){note}"
+
+
+def _rival_lines(problems: list[str]) -> list[str]:
+    """Google's torch_tpu claims the same device name: say so, and how to pick one."""
+    import torchtpu_autoload
+
+    if not torchtpu_autoload.rival_installed():
+        return []
+    version = _versions.installed(torchtpu_autoload.RIVAL_DISTRIBUTION) or "(version unknown)"
+    if torchtpu_autoload.autoload_enabled() and not any(p.startswith("Two packages claim") for p in problems):
+        problems.append(torchtpu_autoload.claim_message(None))
+    return [f"rival     {torchtpu_autoload.RIVAL_MODULE} {version} installed: it also names its device \"tpu\""]
+
+
 def _cache_line(directory: str) -> str:
     if not directory:
         return "disabled (TORCHTPU_CACHE_DIR is empty)"
@@ -47,8 +105,15 @@ def _cache_line(directory: str) -> str:
 
 
 def _autoload_line() -> str:
+    import torchtpu_autoload
+
     if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "0":
         return "off (TORCH_DEVICE_BACKEND_AUTOLOAD=0): `import torchtpu` before using device='tpu'"
+    if not torchtpu_autoload.autoload_enabled():
+        return (f"off ({torchtpu_autoload.AUTOLOAD_VARIABLE}=0): `import torchtpu` before using "
+                "device='tpu'")
+    if torchtpu_autoload.rival_installed():
+        return f"stepped aside: {torchtpu_autoload.RIVAL_MODULE} is installed (see the problems below)"
     points = importlib.metadata.entry_points(group="torch.backends")
     if any(point.value == "torchtpu_autoload:load" for point in points):
         return "active: `import torch` loads torchtpu"
@@ -107,16 +172,19 @@ def _runtime_source(info: dict) -> list[str]:
 
 
 def report(problems: list[str], runtime) -> str:
-    """The whole report; `runtime` is a list of platform lines, or None when torchtpu failed."""
+    """The whole report; `runtime` is a list of platform lines, or None when torchtpu failed.
+    Problems found while writing it (a plugin of another release, a rival) join `problems`."""
     lines = [
         f"torchtpu  {getattr(sys.modules['torchtpu'], '__version__', '?')}  "
         f"({os.path.dirname(os.path.abspath(__file__))})",
-        f"  built against torch {_versions.built_torch_version() or 'unknown (not built)'}",
-        f"torch     {_version('torch')}",
-        f"jax       {_version('jax')}",
+        _glue_line(),
+        _torch_line(),
+        f"jax       {_version('jax')}  (supported {_versions.JAX_REQUIREMENT})",
         f"jaxlib    {_version('jaxlib')}  (supported {_versions.JAX_REQUIREMENT})",
-        f"Python    {host.python_version()}  ({sys.executable})",
+        *_plugin_lines(problems),
+        _python_line(),
         f"host      {host.system()} {host.machine()}",
+        *_rival_lines(problems),
     ]
     if runtime is None:
         lines.append("platform  not started (see the problems below)")

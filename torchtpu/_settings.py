@@ -14,11 +14,15 @@ starts: a bad value is a ValueError that names the variable and the values it ac
                              empty: no disk cache)
     TORCHTPU_DUMP_DIR        a directory for compiled modules' StableHLO (default: none)
     TORCHTPU_COMPILE_REPLAY  1 (default) | 0: torch.compile graphs replay captured executables
+    TORCHTPU_EXPLAIN         ops whose route through the tpu kernels is printed (to stderr, once
+                             per route): "all", or comma-separated names "aten::add" (every
+                             overload), "aten::add.Tensor" (default: none)
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 PLATFORMS = ("cpu", "cuda", "tpu")
 MODES = ("debug", "strict", "fused")
@@ -38,6 +42,7 @@ class Settings:
     max_pending_ops: int | None  # None = the engine's default
     cache_dir: str             # "" = no disk cache
     dump_dir: str              # "" = no dumps
+    explain: tuple[str, ...] = ()  # ops TORCHTPU_EXPLAIN names ("all" for every op)
 
 
 def read(environ=os.environ) -> Settings:
@@ -57,6 +62,7 @@ def read(environ=os.environ) -> Settings:
         max_pending_ops=_positive(environ, "TORCHTPU_MAX_PENDING_OPS"),
         cache_dir=_directory("TORCHTPU_CACHE_DIR", cache_dir, "to an empty string for no disk cache"),
         dump_dir=_directory("TORCHTPU_DUMP_DIR", environ.get("TORCHTPU_DUMP_DIR", ""), "unset it for no dumps"),
+        explain=explain_ops(environ.get("TORCHTPU_EXPLAIN", "")),
     )
 
 
@@ -75,6 +81,36 @@ def bucket_policy(spec: str):
     if not sizes or sizes[0] < 1:
         raise ValueError(f"TORCHTPU_BUCKETS={spec!r} is not valid: sizes must be positive")
     return sizes
+
+
+_OP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+
+
+def explain_ops(spec: str) -> tuple[str, ...]:
+    """TORCHTPU_EXPLAIN as op names: ("all",), or names like "aten::add" / "aten::add.Tensor"
+    (an aten op must exist in this torch; other namespaces register later, so only their
+    spelling is checked)."""
+    names = tuple(name.strip() for name in spec.split(",") if name.strip())
+    if names == ("all",):
+        return names
+    for name in names:
+        bad = None
+        if not _OP_NAME.match(name):
+            bad = 'is not an op name like "aten::add" or "aten::add.Tensor"'
+        elif name.startswith("aten::") and not _aten_op_exists(name):
+            bad = "is not an op of this torch"
+        if bad:
+            raise ValueError(f"TORCHTPU_EXPLAIN={spec!r} is not valid: {name!r} {bad}; use \"all\" or "
+                             "comma-separated op names (aten::add for every overload, aten::add.Tensor for one)")
+    return names
+
+
+def _aten_op_exists(name: str) -> bool:
+    import torch
+
+    base, _, overload = name[len("aten::"):].partition(".")
+    packet = getattr(torch.ops.aten, base, None)
+    return packet is not None and (not overload or overload in packet.overloads())
 
 
 def compile_replay(environ=os.environ) -> bool:

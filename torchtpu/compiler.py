@@ -85,9 +85,13 @@ _MAX_CAPTURES_PER_GRAPH = 16
 class _CompiledGraph:
     """Runs an FX graph of aten ops on tpu tensors as one XLA executable."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str):
+    def __init__(self, gm: torch.fx.GraphModule, name: str, updates=()):
         self.gm = gm
         self.name = name
+        # (input, output) pairs: the output is the input's new contents, which AOTAutograd's
+        # epilogue copies into the input (a static KV cache's index_copy_). The capture gives
+        # the input's buffer to that output, so the update copies nothing.
+        self.updates = list(updates)
         self.captures: dict[tuple, list] = {}
         self.replay = _settings.compile_replay()
         self.uncapturable: set[tuple] = set()
@@ -138,7 +142,7 @@ class _CompiledGraph:
             _C.capture_abort()
             raise
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
-        captured = _C.capture_end(args, outs)  # compiles (or finds) and runs the graph
+        captured = _C.capture_end(args, outs, self.updates)  # compiles (or finds) and runs the graph
         if captured is None:
             self.uncapturable.add(key)
             self.stats["interpreted"] += 1
@@ -280,13 +284,31 @@ def _make_compiler(name: str, saved_specs: dict):
                 users = getattr(meta, "num_forward", None)
             compiled = _BucketedGraph(graph, name, saved_specs, users)
         else:
-            compiled = _CompiledGraph(gm, name)
+            compiled = _CompiledGraph(gm, name, _input_updates(name))
         fx_graphs_compiled += 1
         _compile_cache.count_traced()
         _compiled_graphs.add(compiled)
         return compiled
 
     return compile_fx
+
+
+def _input_updates(name: str) -> list:
+    """An inference graph's in-place updates of its inputs, as (input, output) pairs: AOTAutograd
+    returns each mutated input's new contents first and copies them into the input after the
+    call (only plain data mutations: no metadata change, no autograd)."""
+    if name != "inference":
+        return []
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    if meta is None:
+        return []
+    updates = []
+    for k, i in enumerate(meta.mutated_inp_runtime_indices):
+        info = meta.input_info[i]
+        if info.mutates_data and not info.mutates_metadata and not info.mutates_storage_metadata:
+            updates.append((i, k))
+    return updates
 
 
 def runtime_for_cached(gm: torch.fx.GraphModule, name: str) -> _CompiledGraph:

@@ -19,7 +19,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from torchtpu import _C
+from torchtpu import _C, _patches
 
 _COORDINATOR_KEY = "torchtpu/coordinator"
 _ARRIVED_KEY = "torchtpu/arrived"
@@ -130,13 +130,18 @@ def _create_backend(options, backend_options=None):
 def _support_fsdp2() -> None:
     """What FSDP2 (fully_shard) asks of a device beyond collectives, for tpu tensors, whose
     storages are functionalization's (no host address). Installed with the first tpu group."""
-    from torchtpu import _patches
+    for name in ("fsdp2 storage identity", "fsdp2 free unsharded parameters", "fsdp2 copy-out kernels"):
+        _patches.apply(name)
 
+
+@_patches.patch("fsdp2 storage identity", when="tpu process group", targets=("torch.storage.UntypedStorage.data_ptr",))
+def _patch_storage_identity():
     # FSDP2 compares storages by data_ptr() to see whether a parameter still lives in its
     # padded shard. A tpu storage has no address; its identity stands in (0 when empty, as
     # for an empty CPU storage), so tensors sharing a storage compare equal, as on CUDA.
     data_ptr = _patches.checked("fsdp2 storage identity", torch.UntypedStorage, "data_ptr")
 
+    @functools.wraps(data_ptr)
     def tpu_data_ptr(self):
         if self.device.type == "tpu":
             return self._cdata if self.nbytes() else 0
@@ -144,6 +149,10 @@ def _support_fsdp2() -> None:
 
     _patches._replace(torch.UntypedStorage, "data_ptr", tpu_data_ptr)
 
+
+@_patches.patch("fsdp2 free unsharded parameters", when="tpu process group",
+                targets=("torch.distributed.fsdp._fully_shard._fsdp_param.FSDPParam.free_unsharded_param",))
+def _patch_free_unsharded():
     # Resharding frees the unsharded parameters' storages (free_storage: resize_(0), which
     # frees a tpu storage's device data, csrc/device/storage.cpp). The unsharded parameter
     # FSDP2 keeps between uses is a view of that storage that holds its own computed copy
@@ -154,6 +163,7 @@ def _support_fsdp2() -> None:
     free_unsharded = _patches.checked("fsdp2 free unsharded parameters", FSDPParam, "free_unsharded_param",
                                       params=["self"], reads=["free_storage", "all_gather_outputs"])
 
+    @functools.wraps(free_unsharded)
     def free_unsharded_param(self):
         free_unsharded(self)
         param = getattr(self, "_unsharded_param", None)
@@ -163,14 +173,29 @@ def _support_fsdp2() -> None:
 
     _patches._replace(FSDPParam, "free_unsharded_param", free_unsharded_param)
 
+
+_FSDP_COPY_OUT_OPS = ("fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
+
+
+@_patches.patch("fsdp2 copy-out kernels", when="tpu process group", kind="Functionalize kernel, added",
+                targets=_FSDP_COPY_OUT_OPS)
+def _patch_fsdp_copy_out():
     # FSDP2's copy-out ops write into their `out` tensors; tpu tensors are functionalized, so
     # these ops get what functionalization needs: the same work in ATen ops, which it handles.
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives  # noqa: F401  (defines the ops)
 
-    global _fsdp_ops
-    _fsdp_ops = torch.library.Library("fsdp", "IMPL")
-    _fsdp_ops.impl("split_with_sizes_copy", _split_with_sizes_copy, "Functionalize")
-    _fsdp_ops.impl("chunk_cat", _chunk_cat, "Functionalize")
+    for op in _FSDP_COPY_OUT_OPS:
+        namespace, name = op.split("::")
+        if not hasattr(getattr(torch.ops, namespace), name):
+            raise _patches.PatchError(f"torchtpu patch 'fsdp2 copy-out kernels': {op} does not exist in torch "
+                                      f"{torch.__version__}; update this patch (torchtpu/distributed.py)")
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op, "Functionalize"):
+            raise _patches.PatchError(f"torchtpu patch 'fsdp2 copy-out kernels': {op} has a Functionalize kernel "
+                                      f"of PyTorch's already in torch {torch.__version__}; update this patch "
+                                      "(torchtpu/distributed.py)")
+    library = _patches._library("fsdp")
+    library.impl("split_with_sizes_copy", _split_with_sizes_copy, "Functionalize")
+    library.impl("chunk_cat", _chunk_cat, "Functionalize")
 
 
 def _split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):
@@ -181,9 +206,6 @@ def _chunk_cat(tensors, dim, num_chunks, *, out):
     torch._chunk_cat(tensors, dim, num_chunks, out=out)
 
 
-_fsdp_ops = None  # the Library holding those kernels (alive as long as the process)
-
-
 def _has_tpu_backend(group) -> bool:
     try:
         return group._get_backend(torch.device("tpu")).name() == "tpu"
@@ -191,14 +213,23 @@ def _has_tpu_backend(group) -> bool:
         return False
 
 
+@_patches.patch("process group default backend",
+                targets=("torch.distributed.distributed_c10d._new_process_group_helper",))
 def _patch_default_backend():
     # PyTorch makes a group's default backend gloo when init_process_group() picks a
     # third-party device's backend (only NCCL is recognised), and leaves it unset for
     # "cpu:gloo,tpu:tpu"; DDP then fails looking for it ("Could not find backend type 1").
     # A group with the tpu backend gets it as its default, as a CUDA group gets NCCL.
+    if not dist.is_available():
+        return
     from torch.distributed import distributed_c10d as c10d
 
-    original = c10d._new_process_group_helper
+    name = "process group default backend"
+    original = _patches.checked(name, c10d, "_new_process_group_helper", params=["group_size", "group_rank"])
+    _patches.checked(name, dist.ProcessGroup, "_set_default_backend")
+    if not hasattr(dist.ProcessGroup.BackendType, "CUSTOM"):
+        raise _patches.PatchError(f"torchtpu patch '{name}': torch.distributed.ProcessGroup.BackendType has no "
+                                  f"CUSTOM in torch {torch.__version__}; update this patch (torchtpu/distributed.py)")
 
     @functools.wraps(original)
     def _new_process_group_helper(*args, **kwargs):
@@ -207,15 +238,20 @@ def _patch_default_backend():
             group._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
         return group, store
 
-    c10d._new_process_group_helper = _new_process_group_helper
+    _patches._replace(c10d, "_new_process_group_helper", _new_process_group_helper)
 
 
 def install() -> None:
     """Registers the "tpu" backend, the default for tpu tensors (init_process_group())."""
     if not dist.is_available() or "tpu" in dist.Backend.backend_list:
         return
+    # transformers names the "tpu" device's backend "tpu_dist" (torch_tpu's name) when it starts
+    # torch.distributed itself (from_pretrained with a tp_plan or distributed_config): the same
+    # backend under that name. Registered first, so that "tpu" stays the device's default.
+    if "tpu_dist" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("tpu_dist", _create_backend, extended_api=True, devices=["tpu"])
     dist.Backend.register_backend("tpu", _create_backend, extended_api=True, devices=["tpu"])
-    _patch_default_backend()
+    _patches.apply("process group default backend")  # installed with the other patches already
     # Each collective first checks that every rank issued the same one (a mismatch would
     # otherwise corrupt memory or hang in the transport). Must be the same on every rank.
     _C.set_collective_checks(os.environ.get("TORCHTPU_COLLECTIVE_CHECKS", "1").strip() not in ("0", "false", "off"))

@@ -35,7 +35,7 @@ def report() -> str:
         lines.append(f"  {key:<18} {c[key]}")
     lines.append(f"  {'compile_seconds':<18} {c['compile_seconds']:.3f}")
     lines.append(f"  {'bytes_to_device':<18} {c['bytes_to_device']}")
-    lines.append(f"  {'bytes_to_host':<18} {c['bytes_to_host']}")
+    lines.append(f"  {'bytes_to_host':<18} {c['bytes_to_host']} in {c['downloads']} downloads")
     if c["fallback_ops"]:
         lines.append("  ops run on CPU (no tpu lowering yet):")
         for op, count in sorted(c["fallback_ops"].items(), key=lambda kv: -kv[1]):

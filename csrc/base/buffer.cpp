@@ -18,16 +18,35 @@ int checked(int device) {
   return device;
 }
 
-}  // namespace
-
-DeviceBuffer::DeviceBuffer(TensorType t, int d) : type(std::move(t)), device(checked(d)) {
-  int64_t now = g_bytes_in_use[device].fetch_add(type.nbytes()) + type.nbytes();
+void charge(int device, int64_t bytes) {
+  int64_t now = g_bytes_in_use[checked(device)].fetch_add(bytes) + bytes;
   int64_t peak = g_bytes_peak[device].load();
-  while (now > peak && !g_bytes_peak[device].compare_exchange_weak(peak, now)) {
+  while (bytes > 0 && now > peak && !g_bytes_peak[device].compare_exchange_weak(peak, now)) {
   }
 }
 
-DeviceBuffer::~DeviceBuffer() { g_bytes_in_use[device].fetch_sub(type.nbytes()); }
+// Calls charge(device, bytes) for each device holding part of the buffer.
+template <typename F>
+void for_each_shard(const DeviceBuffer& b, F&& charge_shard) {
+  if (!b.sharding) return charge_shard(b.device, b.type.nbytes());
+  const std::vector<int>& devices = b.sharding->mesh->devices;
+  for (size_t p = 0; p < devices.size(); ++p) {
+    int64_t elements = 1;
+    for (int64_t n : b.sharding->shard_shape(b.type.shape, static_cast<int>(p))) elements *= n;
+    charge_shard(devices[p], elements * static_cast<int64_t>(dtype_size(b.type.dtype)));
+  }
+}
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(TensorType t, int d, ShardingPtr s)
+    : type(std::move(t)), device(checked(d)), sharding(std::move(s)) {
+  for_each_shard(*this, [](int device, int64_t bytes) { charge(device, bytes); });
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  for_each_shard(*this, [](int device, int64_t bytes) { g_bytes_in_use[device].fetch_sub(bytes); });
+}
 
 int64_t device_bytes_in_use(int device) { return g_bytes_in_use[checked(device)].load(); }
 int64_t device_bytes_peak(int device) { return g_bytes_peak[checked(device)].load(); }

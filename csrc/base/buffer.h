@@ -6,18 +6,23 @@
 #include <cstdint>
 #include <memory>
 
+#include "base/sharding.h"
 #include "base/types.h"
 
 namespace torchtpu {
 
 // A buffer in device memory. Freed when the last owner lets go; the runtime subclasses it.
+// A sharded buffer (single-process SPMD) holds one global value laid out over a mesh: its
+// type is the global type, `device` the mesh's first device, and each device of the mesh
+// holds (and is charged for) its shard.
 struct DeviceBuffer {
   TensorType type;
   int device = 0;
+  ShardingPtr sharding;  // null: the whole value on `device`
   // Also held outside torchtpu (a jax.Array from torchtpu.to_jax / from_jax): never donated,
   // since donating it would delete the other holder's array.
   std::atomic<bool> shared_outside{false};
-  explicit DeviceBuffer(TensorType t, int d);
+  explicit DeviceBuffer(TensorType t, int d, ShardingPtr s = nullptr);
   virtual ~DeviceBuffer();
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

@@ -4,6 +4,7 @@
 #include <ATen/FunctionalStorageImpl.h>
 #include <ATen/FunctionalTensorWrapper.h>
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_map>
 
@@ -44,6 +45,14 @@ struct Capture {
   };
   std::vector<Output> outputs;
   std::vector<ValuePtr> first_results;  // the capturing call's roots, until taken
+  // In-place updates of inputs (a static KV cache's index_copy_): (FX input, root). The
+  // executable reuses the input's buffer for the root (donation), and the input tensor then
+  // holds the root, so an update costs no copy of what it updates.
+  std::vector<std::pair<int, int>> donated;
+  // A partitioned executable: its mesh and the layout each parameter must arrive in (a replay
+  // with inputs laid out otherwise misses and is captured again).
+  MeshPtr mesh;
+  std::vector<std::string> param_shardings;
 };
 
 namespace {
@@ -83,6 +92,13 @@ ValuePtr storage_base_value(const at::Tensor& t, int device) {
   return value_of(base, device);
 }
 
+// Whether an input's value may give its buffer to the graph: computed, held by the input
+// tensor alone (`local` more references are the caller's), and not shared with JAX.
+bool held_by_its_tensor_alone(const ValuePtr& v, long local) {
+  return v && !v->pending() && v->buffer && v.use_count() - v->node_uses.load() == 1 + local &&
+         v->buffer.use_count() == 1 && !v->buffer->shared_outside.load();
+}
+
 }  // namespace
 
 void capture_begin(const std::vector<at::Tensor>& inputs) {
@@ -101,7 +117,8 @@ void capture_begin(const std::vector<at::Tensor>& inputs) {
 
 void capture_abort() { g_begin.active = false; }
 
-CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                       const std::vector<std::pair<int, int>>& updates) {
   EngineLock lock;
   Engine& e = Engine::get();
   // One pending graph: nothing ran (no flush) and nothing fell back to CPU since the start.
@@ -146,12 +163,39 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
     }
     capture->outputs.push_back(std::move(out));
   }
+  // One executable computes values of one mesh (or of one device).
+  for (const ValuePtr& r : roots) {
+    const MeshPtr& first = roots.front()->mesh;
+    if (first ? !r->mesh || !r->mesh->same_devices(*first) : r->mesh != nullptr) ok = false;
+  }
   if (!ok) {
     g_uncapturable++;
     e.sync(false, FlushReason::TorchCompile);  // interpreter semantics: the graph's work runs now
     return nullptr;
   }
-  Engine::CaptureRun run = e.run_for_capture(roots, device);
+  std::vector<std::pair<const Value*, int>> donations;
+  for (auto [i, k] : updates) {
+    if (i < 0 || k < 0 || static_cast<size_t>(i) >= inputs.size() || static_cast<size_t>(k) >= outputs.size()) continue;
+    const Capture::Output& out = capture->outputs[k];
+    if (out.kind != Capture::Output::Kind::Root || !capture->input_types[i]) continue;
+    bool aliased = std::any_of(capture->alias_pairs.begin(), capture->alias_pairs.end(),
+                               [&](auto pair) { return pair.first == i || pair.second == i; });
+    ValuePtr v = value_of(inputs[i], device);
+    if (aliased || !held_by_its_tensor_alone(v, 1) || !(v->type == roots[out.index]->type)) continue;
+    donations.push_back({v.get(), out.index});
+    capture->donated.push_back({i, out.index});
+  }
+  Engine::CaptureRun run = e.run_for_capture(roots, device, donations);
+  // A donated input's parameter must really be that input (not, say, a view's base).
+  for (auto it = capture->donated.begin(); it != capture->donated.end();) {
+    const Value* v = value_of(inputs[it->first], device).get();
+    bool found = false;
+    for (size_t p = 0; p < run.params.size(); ++p)
+      found = found || (run.params[p].get() == v && run.aliasing[p] == it->second);
+    it = found ? it + 1 : capture->donated.erase(it);
+  }
+  capture->mesh = run.mesh;
+  capture->param_shardings = run.param_shardings;
   capture->executable = run.executable;
   capture->graph_hash = run.graph_hash;
   std::unordered_map<const Value*, int> base_of;  // storage bases of the FX inputs
@@ -189,10 +233,12 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
   capture->int_scalars = std::move(run.int_scalars);
   capture->random_seed_slots = std::move(run.random_seed_slots);
   capture->checks = std::move(run.checks);
-  if (!capture->float_scalars.empty()) capture->float_pack = e.upload_float_scalars(capture->float_scalars, device);
-  if (!capture->int_scalars.empty()) capture->int_pack = e.upload_int_scalars(capture->int_scalars, device);
+  if (!capture->float_scalars.empty())
+    capture->float_pack = e.upload_float_scalars(capture->float_scalars, device, capture->mesh);
+  if (!capture->int_scalars.empty()) capture->int_pack = e.upload_int_scalars(capture->int_scalars, device, capture->mesh);
   capture->result_types = std::move(run.result_types);  // roots first, then values only kept live
   capture->first_results = roots;
+  for (auto [i, r] : capture->donated) store_value(inputs[i], roots[r]);  // its old buffer is gone
   g_captures++;
   return capture;
 }
@@ -224,12 +270,29 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
     if (!bases[i] || !(bases[i]->type == *c.base_types[i])) { g_misses++; return std::nullopt; }
   }
 
+  for (auto [i, r] : c.donated) {
+    e.materialize(values[i]);
+    // values[] and the input tensor hold it; anything else (a clone) would lose its contents.
+    if (!held_by_its_tensor_alone(values[i], 1)) { g_misses++; return std::nullopt; }
+  }
   std::vector<BufferPtr> results;
   if (c.executable) {
     std::vector<BufferPtr> args;
     args.reserve(c.params.size() + 2);
-    for (const Capture::Param& p : c.params)
-      args.push_back(e.materialize(p.input < 0 ? p.constant : p.base ? bases[p.input] : values[p.input]));
+    for (size_t k = 0; k < c.params.size(); ++k) {
+      const Capture::Param& p = c.params[k];
+      BufferPtr buffer = e.materialize(p.input < 0 ? p.constant : p.base ? bases[p.input] : values[p.input]);
+      if (c.mesh) {
+        if (buffer->sharding && !buffer->sharding->mesh->same_devices(*c.mesh)) { g_misses++; return std::nullopt; }
+        std::string layout = buffer->sharding ? buffer->sharding->hlo() : "{replicated}";
+        if (layout != c.param_shardings[k]) { g_misses++; return std::nullopt; }
+        buffer = e.argument_for_mesh(buffer, c.mesh);
+      } else if (buffer->sharding) {
+        g_misses++;
+        return std::nullopt;
+      }
+      args.push_back(std::move(buffer));
+    }
     if (c.float_pack) args.push_back(c.float_pack);
     if (c.int_pack) {
       if (c.random_seed_slots.empty()) {
@@ -242,7 +305,7 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
           ints[slot] = gen->next_key();
           ints[slot + 1] = 0;
         }
-        args.push_back(e.upload_int_scalars(ints, c.device));
+        args.push_back(e.upload_int_scalars(ints, c.device, c.mesh));
       }
     }
     results = e.launch(*c.executable, args, c.result_types, c.device, c.graph_hash, c.checks);
@@ -251,6 +314,11 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
   std::vector<at::Tensor> root_tensors;
   root_tensors.reserve(results.size());
   for (BufferPtr& b : results) root_tensors.push_back(make_tensor(e.from_buffer(std::move(b))));
+  for (auto [i, r] : c.donated) {
+    values[i]->buffer.reset();  // the executable consumed it
+    e.metrics().donated_buffers++;
+    store_value(inputs[i], value_of(root_tensors[r], c.device));
+  }
   return assemble_outputs(c, root_tensors, inputs);
 }
 

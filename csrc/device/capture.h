@@ -24,7 +24,11 @@ void capture_abort();
 // executable. Returns the capture, or null when the FX graph was not one pending graph
 // (an op ran on CPU, a flush happened inside it, a CPU tensor input); the outputs are
 // computed either way.
-CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
+// updates: (FX input, FX output) pairs where the output is the input's new contents (an
+// in-place update the caller writes back): the input's buffer is donated to it when the
+// input tensor alone holds it, and the input tensor then holds the output.
+CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                       const std::vector<std::pair<int, int>>& updates = {});
 // The outputs for new inputs (undefined where the FX output is not a tensor), or nullopt
 // when the inputs' types or aliasing differ from the captured ones.
 std::optional<std::vector<at::Tensor>> run_captured(Capture& capture, const std::vector<at::Tensor>& inputs);

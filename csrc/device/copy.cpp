@@ -1,7 +1,10 @@
 // Allocation and copies: empty tensors, the copy family (_copy_from, copy,
 // _copy_from_and_resize, _to_copy), resize_ and reading a scalar. Every copy onto a tpu
-// device goes through tpu_copy; every copy to the host through to_host.
+// device goes through tpu_copy (into a sharded tensor, copy_onto_layout: device/spmd.h);
+// every copy to the host through to_host.
+#include "device/explain.h"
 #include "device/kernels.h"
+#include "device/spmd.h"
 
 namespace torchtpu {
 
@@ -19,6 +22,7 @@ at::Tensor to_host(const at::Tensor& t) {
 
 at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                      std::optional<at::Device> device, std::optional<bool>, std::optional<at::MemoryFormat>) {
+  if (explaining()) report_route("aten::empty.memory_format", "own kernel", "csrc/device/copy.cpp: a new value on the device");
   return translate_errors([&] {
     TORCH_CHECK(!layout || *layout == at::kStrided, "torchtpu: only strided tensors are supported on tpu");
     for (int64_t d : size) TORCH_CHECK(d >= 0, "Trying to create tensor with negative dimension ", d, ": ", size);
@@ -38,8 +42,13 @@ at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef, std::optio
 // _copy_from(self, dst): dst.copy_(self) where either is a tpu tensor. A tpu dst gets self
 // converted to its dtype and broadcast to its shape.
 at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
+  if (explaining()) report_route("aten::_copy_from", "own kernel", "csrc/device/copy.cpp: a copy between devices (tpu_copy)");
   return translate_errors([&] {
     if (is_tpu(dst)) {
+      if (ValuePtr laid_out = copy_onto_layout(dst, self)) {
+        store_value(dst, laid_out);
+        return dst;
+      }
       ValuePtr v = tpu_copy(self, dst.device().index(), to_dtype(dst.scalar_type()));
       store_value(dst, broadcast_value(v, dst.sizes().vec()));
     } else {
@@ -52,7 +61,9 @@ at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
 // copy(self, src): functionalization's form of self.copy_(src); a new value, src converted
 // to self's dtype and broadcast to its shape.
 at::Tensor tpu_copy_functional(const at::Tensor& self, const at::Tensor& src, bool) {
+  if (explaining()) report_route("aten::copy", "own kernel", "csrc/device/copy.cpp: functionalization's copy_ (tpu_copy)");
   return translate_errors([&] {
+    if (ValuePtr laid_out = copy_onto_layout(self, src)) return wrap_for_user(make_tensor(std::move(laid_out)));
     ValuePtr v = tpu_copy(src, self.device().index(), to_dtype(self.scalar_type()));
     return wrap_for_user(make_tensor(broadcast_value(v, self.sizes().vec())));
   });
@@ -60,6 +71,7 @@ at::Tensor tpu_copy_functional(const at::Tensor& self, const at::Tensor& src, bo
 
 // _copy_from_and_resize(self, dst): dst takes self's shape and contents.
 at::Tensor tpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (explaining()) report_route("aten::_copy_from_and_resize", "own kernel", "csrc/device/copy.cpp");
   return translate_errors([&] {
     if (is_tpu(dst)) {
       at::Tensor inner = unwrap(dst);
@@ -77,6 +89,7 @@ at::Tensor tpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& ds
 at::Tensor tpu_to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                        std::optional<at::Device> device, std::optional<bool> pin_memory, bool non_blocking,
                        std::optional<at::MemoryFormat>) {
+  if (explaining()) report_route("aten::_to_copy", "own kernel", "csrc/device/copy.cpp: .to(device or dtype) (tpu_copy)");
   return translate_errors([&]() -> at::Tensor {
     TORCH_CHECK(!layout || *layout == at::kStrided, "torchtpu: only strided tensors are supported on tpu");
     at::ScalarType target = dtype.value_or(self.scalar_type());
@@ -112,6 +125,7 @@ const at::Tensor& tpu_resize(const at::Tensor& self, c10::IntArrayRef size, std:
 }
 
 c10::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
+  if (explaining()) report_route("aten::_local_scalar_dense", "own kernel", "csrc/device/copy.cpp: .item() reads the value on the host");
   return translate_errors([&] { return to_host(self).item(); });
 }
 

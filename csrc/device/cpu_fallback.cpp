@@ -10,6 +10,7 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "device/explain.h"
 #include "device/kernels.h"
 #include "engine/engine.h"
 #include "engine/trace.h"
@@ -98,6 +99,10 @@ void run_on_cpu(const c10::OperatorHandle& op, const std::string& name, torch::j
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::string name = fallback_name(op);
+  if (explaining())
+    report_route(op_name(op), g_fallback_policy == 1 ? "no lowering: refused (TORCHTPU_FALLBACK=error)"
+                                                     : "no lowering: CPU fallback",
+                 "counted in metrics fallback_ops");
   check_fallback_allowed(name);
   announce_fallback(name);
   run_on_cpu(op, name, stack);
@@ -105,7 +110,21 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void cpu_kernel_decides(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::string name = fallback_name(op);
-  run_on_cpu(op, name, stack);  // PyTorch's error, if CPU's kernel raises one, propagates as is
+  if (!explaining()) {
+    run_on_cpu(op, name, stack);  // PyTorch's error, if CPU's kernel raises one, propagates as is
+    check_fallback_allowed(name);
+    announce_fallback(name);
+    return;
+  }
+  std::string reason = "declined: " + take_decline_reason();
+  try {
+    run_on_cpu(op, name, stack);
+  } catch (...) {
+    report_route(op_name(op), reason, "CPU's kernel raised its error; nothing fell back");
+    throw;
+  }
+  report_route(op_name(op), reason, g_fallback_policy == 1 ? "CPU's kernel computes it: refused (TORCHTPU_FALLBACK=error)"
+                                                           : "CPU's kernel computes it: a CPU fallback, counted");
   check_fallback_allowed(name);
   announce_fallback(name);
 }

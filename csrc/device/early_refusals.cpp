@@ -11,6 +11,7 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 
+#include "device/explain.h"
 #include "device/kernels.h"
 
 namespace torchtpu {
@@ -81,6 +82,7 @@ void early_refusal_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stac
   }
   {
     at::AutoDispatchSkipFunctionalize skip;
+    declined("a dtype PyTorch refuses before the tpu kernel (early_refusals.cpp)");
     translate_errors([&] { cpu_kernel_decides(op, stack); });
   }
   // Only when CPU computed what the table says it refuses: results back into functional tensors.

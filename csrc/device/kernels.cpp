@@ -7,6 +7,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "device/explain.h"
+#include "device/kernel_overrides.h"
 #include "device/kernels.h"
 
 namespace torchtpu {
@@ -57,6 +59,47 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   return cache.insert_or_assign(&key, OpInfo{key, std::move(name), rule}).first->second;
 }
 
+// The kernels at keys every device goes through (kernel_overrides.h: one named entry each).
+void register_kernel_overrides() {
+  using c10::DispatchKey;
+  KernelOverride("functionalize _to_copy", "aten", DispatchKey::Functionalize, OverrideKind::Replaces)
+      .impl("_to_copy", torch::CppFunction(TORCH_FN(to_copy_functionalize)));
+  KernelOverride("functionalize record_stream", "aten", DispatchKey::Functionalize, OverrideKind::Adds)
+      .impl("record_stream", torch::CppFunction(TORCH_FN(record_stream_functionalize)));
+  KernelOverride new_factories("functionalize new_* factories", "aten", DispatchKey::Functionalize, OverrideKind::Adds);
+  for (const char* name : {"new_zeros", "new_ones", "new_empty", "new_full"})
+    new_factories.impl(name, torch::CppFunction::makeFromBoxedFunction<&new_factory_functionalize>());
+  KernelOverride foreach_meta("meta in-place foreach", "aten", DispatchKey::Meta, OverrideKind::Adds,
+                              "every aten::_foreach_*_ op without a Meta kernel");
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    const std::string& base = name.name;
+    if (base.rfind("aten::_foreach_", 0) != 0 || base.back() != '_') continue;
+    auto handle = c10::Dispatcher::singleton().findOp(name);
+    if (!handle || handle->hasKernelForDispatchKey(DispatchKey::Meta)) continue;
+    if (!handle->schema().returns().empty()) continue;
+    foreach_meta.impl(base.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name),
+                      torch::CppFunction::makeFromBoxedFunction<&foreach_inplace_meta>());
+  }
+  // These replace PyTorch's Python meta kernels (the override's warning is silenced by the caller).
+  KernelOverride add_sub_meta("meta add_ sub_", "aten", DispatchKey::Meta, OverrideKind::Replaces);
+  for (const char* name : {"add_.Tensor", "add_.Scalar", "sub_.Tensor", "sub_.Scalar"})
+    add_sub_meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&inplace_binary_alpha_meta>());
+  KernelOverride fill_meta("meta fill_ relu_", "aten", DispatchKey::Meta, OverrideKind::Replaces);
+  for (const char* name : {"fill_.Scalar", "fill_.Tensor", "relu_"})
+    fill_meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&inplace_fill_meta>());
+  KernelOverride("autograd copy_ from tpu", "aten", DispatchKey::ADInplaceOrView, OverrideKind::Replaces)
+      .impl("copy_", torch::CppFunction(TORCH_FN(copy_inplace_or_view)));
+  KernelOverride packed_sequences("functionalize packed sequences", "aten", DispatchKey::Functionalize,
+                                   OverrideKind::Adds);
+  for (const char* name : {"_pack_padded_sequence", "_pad_packed_sequence"})
+    packed_sequences.impl(name, torch::CppFunction::makeFromBoxedFunction<&host_results_stay_plain_functionalize>());
+  KernelOverride("meta fused LSTM cell", "aten", DispatchKey::Meta, OverrideKind::Replaces)
+      .impl("_thnn_fused_lstm_cell", torch::CppFunction(TORCH_FN(fused_lstm_cell_meta)));
+  KernelOverride("meta fused GRU cell", "aten", DispatchKey::Meta, OverrideKind::Adds)
+      .impl("_thnn_fused_gru_cell", torch::CppFunction(TORCH_FN(fused_gru_cell_meta)))
+      .impl("_thnn_fused_gru_cell_backward", torch::CppFunction(TORCH_FN(fused_gru_cell_backward_meta)));
+}
+
 }  // namespace
 
 void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -66,16 +109,32 @@ void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     size_t n = op.schema().arguments().size();
     check_op_devices(op, name, std::vector<c10::IValue>(stack->end() - n, stack->end()));
     const LoweringRule* rule = info.rule;
-    if (record_data_dependent(name, op, rule, stack)) return;
-    if (rule && !op.schema().is_mutable()) {
-      if (!record_op(op, rule, stack)) cpu_kernel_decides(op, stack);
+    // Each route reports itself to TORCHTPU_EXPLAIN (device/explain.h; free while off).
+    if (record_data_dependent(name, op, rule, stack)) {
+      explain_route(name, "data-dependent shape", "the size is read on the host, then the op is lowered at it");
       return;
     }
-    if (!rule && is_view_op(op.schema()) && record_raw_view(op, stack, false)) return;
-    if (!rule && is_inplace_view_op(name) && record_raw_view(op, stack, true)) return;
-    if (!rule && op.schema().is_mutable() && record_mutable(op, stack)) return;
-    if (!rule && name.rfind("aten::_foreach_", 0) == 0 && !op.schema().is_mutable() && decompose_foreach(op, stack))
+    if (rule && !op.schema().is_mutable()) {
+      if (!record_op(op, rule, stack)) cpu_kernel_decides(op, stack);  // each reports its route
       return;
+    }
+    if (!rule && is_view_op(op.schema()) && record_raw_view(op, stack, false)) {
+      explain_route(name, "view below functionalization", "a composite kernel's view of an inner tensor: "
+                    "gathered from its root when read, scattered into it when written");
+      return;
+    }
+    if (!rule && is_inplace_view_op(name) && record_raw_view(op, stack, true)) {
+      explain_route(name, "in-place view below functionalization", "restrides the inner tensor's view of its root");
+      return;
+    }
+    if (!rule && op.schema().is_mutable() && record_mutable(op, stack)) {
+      explain_route(name, "in-place or out= below functionalization", "its functional op runs, then the value is swapped in");
+      return;
+    }
+    if (!rule && name.rfind("aten::_foreach_", 0) == 0 && !op.schema().is_mutable() && decompose_foreach(op, stack)) {
+      explain_route(name, "foreach decomposed", "one op per tensor, each routed on its own");
+      return;
+    }
     cpu_fallback(op, stack);
   });
 }
@@ -85,7 +144,7 @@ void register_kernels() {
   if (done) return;
   done = true;
   // Registered here rather than with TORCH_LIBRARY_IMPL so that overriding PyTorch's
-  // Functionalize kernel for _to_copy happens once, with its expected warning silenced.
+  // Functionalize and Meta kernels happens once, with their expected warnings silenced.
   struct QuietHandler : c10::WarningHandler {
     void process(const c10::Warning&) override {}
   } quiet;
@@ -120,26 +179,6 @@ void register_kernels() {
     if (!c10::Dispatcher::singleton().findSchema({"aten::" + base, overload})) continue;  // not in this torch
     aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_kernel>());
   }
-  static torch::Library functionalize(torch::Library::IMPL, "aten", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
-  functionalize.impl("_to_copy", TORCH_FN(to_copy_functionalize));
-  functionalize.impl("record_stream", TORCH_FN(record_stream_functionalize));
-  for (const char* name : {"new_zeros", "new_ones", "new_empty", "new_full"})
-    functionalize.impl(name, torch::CppFunction::makeFromBoxedFunction<&new_factory_functionalize>());
-  static torch::Library meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
-  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
-    const std::string& base = name.name;
-    if (base.rfind("aten::_foreach_", 0) != 0 || base.back() != '_') continue;
-    auto handle = c10::Dispatcher::singleton().findOp(name);
-    if (!handle || handle->hasKernelForDispatchKey(c10::DispatchKey::Meta)) continue;
-    if (!handle->schema().returns().empty()) continue;
-    std::string full = base.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    meta.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_inplace_meta>());
-  }
-  // These replace PyTorch's Python meta kernels (the override's warning is silenced above).
-  for (const char* name : {"add_.Tensor", "add_.Scalar", "sub_.Tensor", "sub_.Scalar"})
-    meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&inplace_binary_alpha_meta>());
-  for (const char* name : {"fill_.Scalar", "fill_.Tensor", "relu_"})
-    meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&inplace_fill_meta>());
   static torch::Library autograd(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
@@ -150,8 +189,7 @@ void register_kernels() {
   }
   for (const char* name : early_refusal_ops())
     autograd.impl(name, torch::CppFunction::makeFromBoxedFunction<&early_refusal_kernel>());
-  static torch::Library inplace_or_view(torch::Library::IMPL, "aten", c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
-  inplace_or_view.impl("copy_", TORCH_FN(copy_inplace_or_view));
+  register_kernel_overrides();
 }
 
 }  // namespace torchtpu

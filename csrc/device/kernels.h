@@ -8,7 +8,8 @@
 //   cpu_fallback.cpp  ops without a lowering run on CPU, counted and under a policy;
 //                     calls a lowering declines get CPU's error, or count as fallbacks
 //   copy.cpp          allocation and copies between devices (one tpu_copy)
-//   overrides.cpp     PyTorch kernels replaced for tpu (functionalization, autograd, meta)
+//   overrides.cpp     PyTorch kernels replaced for tpu (functionalization, autograd, meta),
+//                     registered as entries of kernel_overrides.h's table
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -132,6 +133,7 @@ c10::Scalar tpu_local_scalar_dense(const at::Tensor& self);
 
 // ---- overrides.cpp ----------------------------------------------------------------------
 void new_factory_functionalize(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+void host_results_stay_plain_functionalize(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::ScalarType> dtype,
                                  std::optional<at::Layout> layout, std::optional<at::Device> device,
                                  std::optional<bool> pin_memory, bool non_blocking,
@@ -140,6 +142,15 @@ at::Tensor& copy_inplace_or_view(c10::DispatchKeySet ks, at::Tensor& self, const
 void foreach_inplace_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 void inplace_binary_alpha_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // add_, sub_
 void inplace_fill_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // fill_, relu_ (self only)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_meta(const at::Tensor& input_gates,
+                                                                    const at::Tensor& hidden_gates, const at::Tensor& cx,
+                                                                    const std::optional<at::Tensor>& input_bias,
+                                                                    const std::optional<at::Tensor>& hidden_bias);
+std::tuple<at::Tensor, at::Tensor> fused_gru_cell_meta(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+                                                       const at::Tensor& hx, const std::optional<at::Tensor>& input_bias,
+                                                       const std::optional<at::Tensor>& hidden_bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru_cell_backward_meta(
+    const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias);
 void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor tpu_lift_fresh(const at::Tensor& self);
 void record_stream_functionalize(at::Tensor& self, c10::Stream stream);

@@ -1,8 +1,9 @@
 // PyTorch kernels replaced for tpu, each because PyTorch's own cannot serve a tpu tensor:
-// functionalization's _to_copy, new_* factories and record_stream, autograd's copy_
+// functionalization's _to_copy, new_* factories, record_stream and packed sequences, autograd's copy_
 // (ADInplaceOrView), meta kernels of in-place foreach ops and of add_/sub_/fill_/relu_
 // (C++ instead of PyTorch's Python ones), native_batch_norm, the empty
-// statistics of batch norm in eval mode, lift_fresh and fft_fftfreq.
+// statistics of batch norm in eval mode, lift_fresh and fft_fftfreq; and meta kernels of the
+// fused LSTM and GRU cells.
 #include <ATen/ExpandUtils.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
@@ -40,6 +41,30 @@ at::Tensor to_copy_functionalize(const at::Tensor& self, std::optional<at::Scala
       return out;
   }
   return at::functionalization::impl::to_functional_tensor(out);
+}
+
+// _pack_padded_sequence / _pad_packed_sequence return a CPU tensor beside the tpu one
+// (batch_sizes, lengths), which the RNN kernels and users read on the host. PyTorch's
+// Functionalize kernels wrap every result, and a wrapped CPU tensor has no data to read:
+// here tpu results are wrapped and CPU results stay plain tensors.
+void host_results_stay_plain_functionalize(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t n = op.schema().arguments().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    c10::IValue& arg = (*stack)[i];
+    if (!arg.isTensor() || !at::functionalization::impl::isFunctionalTensor(arg.toTensor())) continue;
+    at::functionalization::impl::sync(arg.toTensor());
+    arg = at::functionalization::impl::from_functional_tensor(arg.toTensor());
+  }
+  {
+    at::AutoDispatchSkipFunctionalize skip;
+    op.callBoxed(stack);
+  }
+  size_t results = op.schema().returns().size();
+  for (size_t i = stack->size() - results; i < stack->size(); ++i) {
+    c10::IValue& result = (*stack)[i];
+    if (result.isTensor() && result.toTensor().device().type() == c10::DeviceType::PrivateUse1)
+      result = at::functionalization::impl::to_functional_tensor(result.toTensor());
+  }
 }
 
 // new_zeros / new_ones / new_empty / new_full read only self's dtype and device, so this
@@ -266,6 +291,50 @@ at::Tensor tpu_fft_fftfreq(int64_t n, double d, std::optional<at::ScalarType> dt
                      .pinned_memory(pin_memory);
   at::Tensor result = at::cat({at::arange((n + 1) / 2, options), at::arange(-(n / 2), 0, options)});
   return result.mul(1.0 / (static_cast<double>(n) * d));
+}
+
+// The fused cells' argument checks (CUDA's checkSizes) and output types: PyTorch has no meta
+// kernel for the GRU cell and a Python one for the LSTM cell that fails without biases.
+void check_fused_cell(const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& state,
+                      const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias,
+                      int64_t gates) {
+  TORCH_CHECK(input_gates.dim() == 2, "input_gates must be 2-D, got ", input_gates.dim(), "-D");
+  TORCH_CHECK(input_gates.sizes() == hidden_gates.sizes(), "input_gates and hidden_gates must have the same size, got ",
+              input_gates.sizes(), " and ", hidden_gates.sizes());
+  int64_t gates_size = input_gates.size(1);
+  TORCH_CHECK(gates_size % gates == 0, "the gates' size (", gates_size, ") must be a multiple of ", gates);
+  bool has_bias = input_bias.has_value() && input_bias->defined();
+  TORCH_CHECK(has_bias == (hidden_bias.has_value() && hidden_bias->defined()),
+              "input_bias and hidden_bias must be given together");
+  if (has_bias)
+    TORCH_CHECK(input_bias->dim() == 1 && input_bias->size(0) == gates_size && hidden_bias->sizes() == input_bias->sizes(),
+                "the biases must be 1-D of the gates' size (", gates_size, ")");
+  TORCH_CHECK(state.numel() == input_gates.size(0) * gates_size / gates, "the state must hold ",
+              input_gates.size(0) * gates_size / gates, " elements, got ", state.numel());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_meta(const at::Tensor& input_gates,
+                                                                    const at::Tensor& hidden_gates, const at::Tensor& cx,
+                                                                    const std::optional<at::Tensor>& input_bias,
+                                                                    const std::optional<at::Tensor>& hidden_bias) {
+  check_fused_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias, 4);
+  return {at::empty_like(cx), at::empty_like(cx), at::empty_like(input_gates)};
+}
+
+// hy like hx, and the workspace [r, z, n, hx, hidden n gate] of the lowering (rnn.cpp).
+std::tuple<at::Tensor, at::Tensor> fused_gru_cell_meta(const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+                                                       const at::Tensor& hx, const std::optional<at::Tensor>& input_bias,
+                                                       const std::optional<at::Tensor>& hidden_bias) {
+  check_fused_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias, 3);
+  return {at::empty_like(hx), at::empty({hx.size(0), 5 * hx.size(1)}, hx.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru_cell_backward_meta(
+    const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {
+  int64_t batch = grad_hy.size(0), hidden = grad_hy.size(1);
+  auto gates = [&] { return at::empty({batch, 3 * hidden}, grad_hy.options()); };
+  auto bias = [&] { return has_bias ? at::empty({3 * hidden}, grad_hy.options()) : at::Tensor(); };
+  return {gates(), gates(), at::empty_like(grad_hy), bias(), bias()};
 }
 
 }  // namespace torchtpu

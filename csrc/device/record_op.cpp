@@ -11,8 +11,10 @@
 #include <optional>
 #include <unordered_map>
 
+#include "device/explain.h"
 #include "device/generator.h"
 #include "device/kernels.h"
+#include "device/spmd.h"
 #include "engine/engine.h"
 
 namespace torchtpu {
@@ -342,22 +344,22 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
   for (const auto& v : args) {
     if (v.isTensor() && v.toTensor().defined()) {
       const auto& t = v.toTensor();
-      if (!is_supported_dtype(static_cast<int>(t.scalar_type()))) return false;
-      if (!is_tpu(t) && !t.device().is_cpu()) return false;
-      if (!linalg_dtype(rule, t)) return false;
+      if (!is_supported_dtype(static_cast<int>(t.scalar_type()))) return declined("a tensor's dtype tpu lacks");
+      if (!is_tpu(t) && !t.device().is_cpu()) return declined("a tensor on another device");
+      if (!linalg_dtype(rule, t)) return declined("linear algebra takes float32 and float64 only");
     }
   }
-  if (!rule->complex && touches_complex(args)) return false;
-  if (refuses_index(rule, args)) return false;
+  if (!rule->complex && touches_complex(args)) return declined("a complex value its rule does not take");
+  if (refuses_index(rule, args)) return declined("an index dtype CPU's kernel refuses");
   if (rule->refuses_empty) {
     const at::Tensor* self = first_tensor(args);
-    if (self && self->numel() == 0) return false;
+    if (self && self->numel() == 0) return declined("an empty input CPU's kernel refuses");
   }
   ParsedOp p = parse_args(schema, args, rule);
-  if (!p.supported) return false;
+  if (!p.supported) return declined("an argument kind the lowering does not take");
   DTypeSet refusing = refused_dtypes(rule, p);
   if (refusing && rule->judged_on != Judged::Result && refused_by_arguments(rule, refusing, schema, args))
-    return false;
+    return declined("a dtype CPU's kernel refuses (LoweringRule::refuses)");
   uint64_t key = signature_hash(rule, p);
   // Entries are never erased and unordered_map nodes do not move: the cached signature is
   // read in place, without copying its vectors per op.
@@ -375,13 +377,13 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
       rethrow_if_interrupt();  // Ctrl-C in a Python meta kernel is no reason to fall back
       // No meta kernel, a data-dependent shape (nonzero, x[mask]) or invalid arguments:
       // the CPU kernel runs it, or raises the same error CPU users see.
-      return false;
+      return declined("PyTorch's meta kernel raised: no meta kernel, a data-dependent shape or invalid arguments");
     }
     if (rule->judged_on == Judged::Result && !inferred.types.empty() && (refusing & dtype_set(inferred.types[0].dtype)))
-      return false;
+      return declined("a result dtype CPU's kernel refuses (LoweringRule::refuses)");
     for (const TensorType& t : inferred.types) {
-      if (!is_supported_dtype(static_cast<int>(t.dtype))) return false;
-      if (!rule->complex && is_complex(t.dtype)) return false;
+      if (!is_supported_dtype(static_cast<int>(t.dtype))) return declined("a result dtype tpu lacks");
+      if (!rule->complex && is_complex(t.dtype)) return declined("a complex result its rule does not give");
     }
     std::lock_guard<std::mutex> lock(g_meta_mutex);
     cached = &meta_cache().emplace(key, std::move(inferred)).first->second;
@@ -393,13 +395,16 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
       p.operands[0]->type == sig.types[0]) {
     torch::jit::drop(*stack, n);
     stack->push_back(wrap_for_user(make_tensor(p.operands[0])));
+    explain_lowered(rule->kind.name(), rule, "shares its input's value (no node)");
     return true;
   }
   if (rule->random) append_generator_args(p, args);
   mask_defined_outputs(sig, &p.args);
+  check_one_mesh(rule->kind.name(), schema, p.args, p.operands);
   std::vector<ValuePtr> values;
   if (!sig.types.empty())  // every output masked out: nothing to compute
     values = Engine::get().record(rule->kind, std::move(p.args), std::move(p.operands), sig.types, p.device);
+  explain_lowered(rule->kind.name(), rule, sig.types.empty() ? "every output masked out (nothing to compute)" : nullptr);
   torch::jit::drop(*stack, n);
   size_t next = 0;
   for (int size : sig.list_sizes) {

@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "device/spmd.h"
 #include "engine/engine.h"
 #include "engine/trace.h"
 #include "lowering/registry.h"
@@ -329,6 +330,12 @@ at::Tensor download(const ValuePtr& value) {
     if (value->padded_only()) padded = value->padded;
     else buffer = Engine::get().materialize(value);
   }
+  if (buffer && buffer->sharding) {  // laid out over a mesh: gathered from its shards
+    at::Tensor out = download_sharded(*buffer);
+    Engine::get().raise_failed_checks(value->device);
+    Engine::get().metrics().bytes_to_host += value->type.nbytes();
+    return out;
+  }
   const DeviceBuffer& source = padded ? *padded->buffer : *buffer;
   if (tracing()) {
     // The copy waits for the value's computation: traced apart, the transfer's span is the copy.
@@ -350,6 +357,7 @@ at::Tensor download(const ValuePtr& value) {
   at::Tensor out = at::empty(value->type.shape, at::TensorOptions().dtype(want));
   if (out.numel()) out.copy_(host.reshape(value->type.shape));
   Engine::get().metrics().bytes_to_host += stored.nbytes();
+  Engine::get().metrics().downloads++;
   return out;
 }
 

@@ -17,8 +17,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Utils.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/headeronly/version.h>
 #include <torch/library.h>
 
+#include "device/kernel_overrides.h"
 #include "device/tensor.h"
 #include "engine/engine.h"
 #include "lowering/collective.h"
@@ -26,6 +28,21 @@
 
 namespace torchtpu {
 namespace {
+
+// c10d names that differ across the supported torch minors (one glue is built per minor).
+// PREMUL_SUM's factor: NCCLPreMulSumSupplement until 2.12, PreMulSumSupplement from 2.13.
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13
+using PreMulSumSupplement = c10d::NCCLPreMulSumSupplement;
+#else
+using PreMulSumSupplement = c10d::PreMulSumSupplement;
+#endif
+// A Work's op type (informational: profiler names, error messages); 2.11 has no
+// REDUCE_SCATTER_TENSOR_COALESCED and reports coalesced reduce-scatters as COALESCED.
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 12
+constexpr c10d::OpType kReduceScatterTensorCoalesced = c10d::OpType::COALESCED;
+#else
+constexpr c10d::OpType kReduceScatterTensorCoalesced = c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+#endif
 
 std::atomic<bool> g_collective_checks{true};
 
@@ -221,7 +238,7 @@ class TpuBackend final : public c10d::Backend {
                                                                   const c10d::ReduceScatterOptions& opts) override {
     TORCH_CHECK(outputs.size() == inputs.size(), "torchtpu: expected as many outputs as inputs");
     for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
-    return work(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs);
+    return work(kReduceScatterTensorCoalesced, outputs);
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -406,7 +423,7 @@ class TpuBackend final : public c10d::Backend {
   static at::Tensor premultiplied(const at::Tensor& t, const c10d::ReduceOp& op) {
     if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return t;
     TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), "PreMulSum Data type must be half, float, bfloat16 or double");
-    auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+    auto* supplement = dynamic_cast<PreMulSumSupplement*>(op.supplement_.get());
     TORCH_CHECK(supplement, "torchtpu: ReduceOp.PREMUL_SUM needs a factor (torch.distributed._make_nccl_premul_sum)");
     at::Tensor factor = supplement->tensor_factor.defined()
                             ? supplement->tensor_factor.to(t.device(), t.scalar_type()).reshape({})
@@ -625,7 +642,8 @@ void register_c10d_functionalization() {
   static bool done = false;
   if (done) return;
   done = true;
-  static torch::Library library(torch::Library::IMPL, "c10d", c10::DispatchKey::Functionalize, __FILE__, __LINE__);
+  KernelOverride library("functionalize c10d", "c10d", c10::DispatchKey::Functionalize, OverrideKind::Adds,
+                         "every c10d:: op that takes tensors and has no Functionalize kernel");
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("c10d::", 0) != 0) continue;
     auto handle = c10::Dispatcher::singleton().findOp(name);
@@ -638,8 +656,8 @@ void register_c10d_functionalization() {
                         type->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType);
     }
     if (!takes_tensors) continue;
-    std::string op = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-    library.impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&c10d_functionalize>());
+    library.impl(name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name),
+                 torch::CppFunction::makeFromBoxedFunction<&c10d_functionalize>());
   }
 }
 

@@ -132,17 +132,12 @@ uint64_t hash_double(uint64_t h, double d) {
 }
 
 // Like hash_graph, but blind to every size and static int argument (SizePlan relates those):
-// ops, argument kinds and non-int values, wiring, dtypes and ranks, which inputs are padded.
+// ops, argument kinds and non-int values, wiring, dtypes and ranks. Not which inputs arrive
+// padded: a decode step whose cache was computed padded by the previous step is the same
+// structure as the step before it, whose cache came exact (the runner's variants differ).
 uint64_t structure_hash(const Engine::Graph& g) {
   uint64_t h = hash_mix(0x5B0C, static_cast<uint64_t>(g.device));
-  for (const ValuePtr& p : g.params) {
-    h = hash_mix(hash_mix(h, static_cast<uint64_t>(p->type.dtype)), p->type.shape.size());
-    if (p->padded_only())
-      for (const auto& dim : p->padded->dims) {
-        h = hash_mix(h, dim.size() + 1000);
-        for (const auto& f : dim) h = hash_mix(h, f.bucket != f.real);
-      }
-  }
+  for (const ValuePtr& p : g.params) h = hash_mix(hash_mix(h, static_cast<uint64_t>(p->type.dtype)), p->type.shape.size());
   for (const Node* node : g.nodes) {
     h = hash_mix(h, node->op.hash());
     for (const Arg& a : node->args) {
@@ -214,20 +209,29 @@ SymbolicGraph describe_graph(const Engine::Graph& g, const SizePlan& plan, const
   return sg;
 }
 
-// The layout of a padded-only value in terms of the symbols, or nullopt when one of its
-// padded factors matches no symbol's value.
-std::optional<LayoutSpec> layout_of(const PaddedBuffer& padded, const std::vector<int64_t>& symbols) {
+// The layout of a padded-only value in terms of the symbols: a dimension of one padded factor
+// is the length its size expression in this graph names (symbol + offset: a cache of T + 1
+// tokens where T is the symbol); otherwise each padded factor must equal a symbol's value.
+// nullopt when a padded factor matches no length.
+std::optional<LayoutSpec> layout_of(const PaddedBuffer& padded, const std::vector<int64_t>& symbols,
+                                    const std::vector<SizeExpr>& dims) {
   LayoutSpec spec;
-  for (const auto& dim : padded.dims) {
+  for (size_t d = 0; d < padded.dims.size(); ++d) {
+    const auto& dim = padded.dims[d];
     std::vector<FactorSpec> factors;
     for (const auto& f : dim) {
-      int symbol = -1;
-      if (f.bucket != f.real) {
-        auto it = std::find(symbols.begin(), symbols.end(), f.real);
-        if (it == symbols.end()) return std::nullopt;
-        symbol = static_cast<int>(it - symbols.begin());
+      if (f.bucket == f.real) {
+        factors.push_back({f.bucket, -1, 0});
+        continue;
       }
-      factors.push_back({f.bucket, symbol});
+      if (dim.size() == 1 && d < dims.size() && dims[d].coeff == 1 && dims[d].b < 0 && dims[d].a >= 0 &&
+          symbols[dims[d].a] + dims[d].offset == f.real) {
+        factors.push_back({f.bucket, dims[d].a, dims[d].offset});
+        continue;
+      }
+      auto it = std::find(symbols.begin(), symbols.end(), f.real);
+      if (it == symbols.end()) return std::nullopt;
+      factors.push_back({f.bucket, static_cast<int>(it - symbols.begin()), 0});
     }
     spec.push_back(std::move(factors));
   }
@@ -243,7 +247,7 @@ std::shared_ptr<PaddedBuffer> padded_value(BufferPtr buffer, const LayoutSpec& l
   for (const auto& dim : layout) {
     std::vector<PaddedBuffer::Factor> factors;
     for (const FactorSpec& f : dim) {
-      int64_t real = f.symbol < 0 ? f.bucket : symbols[f.symbol];
+      int64_t real = f.real(symbols);
       pads = pads || real != f.bucket;
       factors.push_back({f.bucket, real});
     }
@@ -265,7 +269,7 @@ std::string check_output(const ValuePtr& out, const LayoutSpec& layout, const Te
     int64_t bucket = 1, real = 1;
     for (const FactorSpec& f : layout[d]) {
       bucket *= f.bucket;
-      real *= f.symbol < 0 ? f.bucket : symbols[f.symbol];
+      real *= f.real(symbols);
     }
     if (bucket != got.shape[d] || real != want.shape[d]) return "an output's padding does not match its shape";
   }
@@ -350,11 +354,28 @@ std::string Engine::run_padded(Graph& g, BucketState::Structure& structure, cons
   if (!structure.plan->read(sizes, &request.symbols))
     return "its sizes do not follow from the first two graphs of its kind";
   request.params = g.params;
+  std::vector<std::pair<const Value*, std::weak_ptr<Value>>> carried;
+  for (ValuePtr& p : request.params) {
+    if (!p->padded_only()) continue;
+    // A value computed padded goes to the runner as its padded buffer (layout below).
+    auto padded = std::make_shared<Value>();
+    padded->type = p->padded->buffer->type;
+    padded->device = p->device;
+    padded->buffer = p->padded->buffer;
+    carried.push_back({padded.get(), p});
+    p = std::move(padded);
+  }
   request.param_layouts.resize(g.params.size());
   request.number_params.assign(g.params.size(), false);
+  std::vector<std::vector<SizeExpr>> param_dims(g.params.size());  // each parameter's dims, as expressions
+  size_t slot = 0;
+  for_each_size(g.nodes, g.params, [&](SizeSlot kind, int, int index, int64_t) {
+    if (kind == SizeSlot::ParamDim) param_dims[index].push_back(structure.plan->exprs()[slot]);
+    ++slot;
+  });
   for (size_t p = 0; p < g.params.size(); ++p) {
     if (!g.params[p]->padded_only()) continue;
-    auto layout = layout_of(*g.params[p]->padded, request.symbols);
+    auto layout = layout_of(*g.params[p]->padded, request.symbols, param_dims[p]);
     if (!layout) return "an input computed padded has a padded size that is no symbol of this graph";
     request.param_layouts[p] = std::move(*layout);
   }
@@ -413,7 +434,14 @@ std::string Engine::run_padded(Graph& g, BucketState::Structure& structure, cons
   g.param_index.clear();
   if (!padded.roots.empty()) {
     collect_nodes(&padded, padded.roots);
-    run_graph(padded);
+    carried_owners_ = std::move(carried);
+    try {
+      run_graph(padded);
+    } catch (...) {
+      carried_owners_.clear();
+      throw;
+    }
+    carried_owners_.clear();
   }
   for (size_t r = 0; r < g.roots.size(); ++r) {
     const ValuePtr& root = g.roots[r];

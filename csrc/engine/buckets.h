@@ -81,10 +81,13 @@ class SizePlan {
 };
 
 // Per dimension, the factors of a padded value (outermost first): the factor's size at the
-// bucket and the symbol it pads (-1: a factor that is not padded).
+// bucket and the length it pads: symbol + offset (symbol -1: a factor that is not padded).
+// A cache grown by a cat holds T + 1 real elements in the bucket of T's symbol.
 struct FactorSpec {
   int64_t bucket = 1;
   int symbol = -1;
+  int64_t offset = 0;
+  int64_t real(const std::vector<int64_t>& symbols) const { return symbol < 0 ? bucket : symbols[symbol] + offset; }
 };
 using LayoutSpec = std::vector<std::vector<FactorSpec>>;
 

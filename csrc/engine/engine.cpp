@@ -15,6 +15,7 @@
 #include "engine/trace.h"
 #include "engine/graph_plan.h"
 #include "lowering/registry.h"
+#include "lowering/sharding.h"
 #include "stablehlo/builder.h"
 #include "stablehlo/module.h"
 
@@ -110,6 +111,37 @@ std::string out_of_memory_message(int64_t bytes, const std::string& what, int de
 bool is_collective(OpKind op);
 std::vector<int64_t> replica_devices_of(const Engine::Graph& g);
 
+// The layout in which a partitioned graph's parameter arrives: its buffer's sharding, or
+// replicated (a buffer of one device is copied onto the mesh for the launch).
+std::string argument_sharding(const Engine::Graph& g, size_t p) {
+  const ValuePtr& param = g.params[p];
+  return param->buffer && param->buffer->sharding ? param->buffer->sharding->hlo() : "{replicated}";
+}
+
+// Per root of a partitioned graph, the layout XLA must give it, or "" to let it choose: a
+// donated parameter's result keeps the parameter's layout (XLA aliases only buffers of one
+// shape per device, and parameters and optimizer state keep their sharding step after step);
+// torchtpu::shard's result is the user's.
+std::vector<std::string> fixed_result_layouts(const Engine::Graph& g) {
+  std::vector<std::string> layouts(g.roots.size());
+  for (size_t p = 0; p < g.params.size(); ++p)
+    if (g.aliasing.size() > p && g.aliasing[p] >= 0) layouts[static_cast<size_t>(g.aliasing[p])] = argument_sharding(g, p);
+  for (size_t r = 0; r < g.roots.size(); ++r) {
+    const ValuePtr& root = g.roots[r];
+    if (root->pending() && is_shard_node(*root->node)) layouts[r] = sharding_of_shard_node(*root->node).hlo();
+  }
+  return layouts;
+}
+
+// Which results of a partitioned graph's module keep the layout the module gives them
+// (CompileOptions::fixed_result_layouts): the roots above, and the runtime-check flags.
+std::vector<bool> fixed_results(const Engine::Graph& g, bool has_checks) {
+  std::vector<bool> fixed;
+  for (const std::string& layout : fixed_result_layouts(g)) fixed.push_back(!layout.empty());
+  if (has_checks) fixed.push_back(true);
+  return fixed;
+}
+
 }  // namespace
 
 void Engine::set_mode(Mode mode) {
@@ -177,6 +209,7 @@ void Engine::reset_metrics() {
   metrics_.execute_count = 0;
   metrics_.bytes_to_device = 0;
   metrics_.bytes_to_host = 0;
+  metrics_.downloads = 0;
   metrics_.recompilations = 0;
   metrics_.donated_buffers = 0;
   metrics_.compile_seconds = 0;
@@ -194,6 +227,7 @@ ValuePtr Engine::from_buffer(BufferPtr buffer) {
   auto value = std::make_shared<Value>();
   value->type = buffer->type;
   value->device = buffer->device;
+  if (buffer->sharding) value->mesh = buffer->sharding->mesh;
   value->buffer = std::move(buffer);
   return value;
 }
@@ -234,7 +268,7 @@ ValuePtr Engine::dropped_value(const TensorType& type, int device, std::exceptio
 
 std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
                                      std::vector<TensorType> outputs, int device,
-                                     std::shared_ptr<const Subgraph> body) {
+                                     std::shared_ptr<const Subgraph> body, MeshPtr mesh) {
   EngineLock lock;
   metrics_.ops_traced++;
   Mode mode = mode_.load();
@@ -250,12 +284,21 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
     if (v->dropped && is_view_copy(op)) return dropped_results(outputs, device, v->error);
     std::rethrow_exception(v->error);
   }
+  for (const ValuePtr& v : operands) {
+    if (!v->mesh) continue;
+    if (!mesh) mesh = v->mesh;
+    else if (!mesh->same_devices(*v->mesh))
+      throw std::invalid_argument("torchtpu: " + op.name() + " got tensors of two meshes, " + mesh->describe() +
+                                  " and " + v->mesh->describe() +
+                                  "; reshard one onto the other's mesh first (torchtpu.spmd.shard)");
+  }
   auto node = std::make_shared<Node>();
   node->op = op;
   node->args = std::move(args);
   node->outputs = std::move(outputs);
   node->device = device;
   node->body = std::move(body);
+  node->mesh = mesh;
   node->operands = std::move(operands);
   for (const ValuePtr& v : node->operands) {
     if (v->device != device)
@@ -271,6 +314,7 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
     auto value = std::make_shared<Value>();
     value->type = node->outputs[i];
     value->device = device;
+    value->mesh = mesh;
     value->node = node;
     value->output_index = static_cast<int>(i);
     results.push_back(std::move(value));
@@ -287,6 +331,7 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
   }
   Graph graph;
   graph.device = device;
+  graph.mesh = mesh;
   graph.roots = results;
   collect_nodes(&graph, graph.roots);
   run_graph(graph);
@@ -330,8 +375,10 @@ const Engine::NodeFacts& Engine::learn_node(Node& node, const std::vector<ValueP
 // allocation would (a fused graph would otherwise fail later, away from the user's line).
 void Engine::check_fits(const Node& node) {
   int64_t budget = memory_budget(node.device);
+  // On a mesh a result is spread over its devices: at best each holds an equal share.
+  int64_t shares = node.mesh ? static_cast<int64_t>(node.mesh->devices.size()) : 1;
   for (const TensorType& t : node.outputs)
-    if (t.nbytes() > budget)
+    if (t.nbytes() / shares > budget)
       throw DeviceOutOfMemory(out_of_memory_message(t.nbytes(), "a result of " + node.op.name() + " (" + t.str() + ")",
                                                     node.device, budget));
 }
@@ -399,10 +446,7 @@ void Engine::raise_failed_checks(int device) {
 
 void Engine::flush_locked(int device, FlushReason reason) {
   if (pending_.empty()) return;
-  Graph graph;
-  graph.device = device;
-  graph.origin = pending_origin_;
-  graph.bucketable = mode_.load() == Mode::Fused;
+  std::vector<ValuePtr> roots;
   std::vector<std::weak_ptr<Value>> keep;
   for (auto& weak : pending_) {
     ValuePtr v = weak.lock();
@@ -412,10 +456,30 @@ void Engine::flush_locked(int device, FlushReason reason) {
       continue;
     }
     // Held by something besides pending nodes (a tensor, autograd): the user can see it.
-    if (v.use_count() - 1 > v->node_uses.load()) graph.roots.push_back(v);
+    if (v.use_count() - 1 > v->node_uses.load()) roots.push_back(v);
   }
-  take_pending_collectives(device, graph.roots);
-  if (!graph.roots.empty()) {
+  take_pending_collectives(device, roots);
+  // Values of each mesh (single-process SPMD) are one partitioned executable, values of the
+  // device alone another. Meshes go first: a value of one device they read while it is still
+  // pending is computed inside them, not copied onto the mesh through the host.
+  std::vector<Graph> graphs;
+  for (ValuePtr& root : roots) {
+    auto same = [&](const Graph& g) {
+      return root->mesh ? g.mesh && g.mesh->same_devices(*root->mesh) : !g.mesh;
+    };
+    auto it = std::find_if(graphs.begin(), graphs.end(), same);
+    if (it == graphs.end()) {
+      graphs.emplace_back();
+      it = graphs.end() - 1;
+      it->device = device;
+      it->mesh = root->mesh;
+      it->origin = pending_origin_;
+      it->bucketable = mode_.load() == Mode::Fused;
+    }
+    it->roots.push_back(std::move(root));
+  }
+  std::stable_partition(graphs.begin(), graphs.end(), [](const Graph& g) { return g.mesh != nullptr; });
+  for (Graph& graph : graphs) {
     collect_nodes(&graph, graph.roots);
     if (some_node_failed_) drop_failed_roots(graph);
     // A transaction: if this throws, the pending graph is as it was.
@@ -453,6 +517,7 @@ bool Engine::drop_failed_roots(Graph& g) {
   if (failed.empty()) return false;
   Graph kept;
   kept.device = g.device;
+  kept.mesh = g.mesh;
   kept.origin = g.origin;
   for (const ValuePtr& root : g.roots) {
     auto it = failed.find(root->node.get());
@@ -568,16 +633,40 @@ std::vector<BufferPtr> Engine::launch_graph(Executable& exe, const std::vector<B
 
 // ---- running a graph: plan donation, lift scalars, hash, find or compile, launch -------
 
+// A padded graph's parameter that carries the buffer of a value computed padded (buckets.cpp):
+// donatable when that value is the buffer's only other holder and only pending nodes hold it.
+bool Engine::carried_unheld(const Value& param) const {
+  for (const auto& [carrier, owner] : carried_owners_) {
+    if (carrier != &param) continue;
+    ValuePtr value = owner.lock();
+    return value && value->padded && value->padded->buffer == param.buffer && param.buffer.use_count() == 2 &&
+           value.use_count() - 1 == value->node_uses.load();
+  }
+  return false;
+}
+
 // A parameter nothing else holds gives its buffer to a root of the same type (an optimizer
 // step then updates parameters without copies).
 void Engine::plan_donation(Graph& g) {
   g.aliasing.assign(g.params.size(), -1);
   std::vector<bool> root_taken(g.roots.size(), false);
+  for (auto [value, root] : g.donate_to_root) {
+    auto it = g.param_index.find(value);
+    if (it == g.param_index.end() || root_taken[root] || !(g.roots[root]->type == value->type)) continue;
+    if (g.mesh && !g.params[it->second]->buffer->sharding) continue;  // replicated for the launch: a copy
+    root_taken[root] = true;
+    g.aliasing[it->second] = root;
+  }
   for (size_t p = 0; p < g.params.size(); ++p) {
     const ValuePtr& param = g.params[p];
-    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer.use_count() == 1 &&
-                  !param->buffer->shared_outside.load();
-    if (!g.donate || !unheld || param->type.numel() == 0) continue;
+    if (g.aliasing[p] >= 0) continue;
+    bool unheld = param.use_count() - 1 == param->node_uses.load() && param->buffer &&
+                  !param->buffer->shared_outside.load() &&
+                  (param->buffer.use_count() == 1 || carried_unheld(*param));
+    // On a mesh only a buffer laid out over it is passed as it is (one of a single device is
+    // replicated onto the mesh for the launch: that copy is not the value's buffer).
+    bool passed_as_is = unheld && (!g.mesh || param->buffer->sharding);
+    if (!g.donate || !unheld || !passed_as_is || param->type.numel() == 0) continue;
     for (size_t r = 0; r < g.roots.size(); ++r) {
       if (!root_taken[r] && g.roots[r]->type == param->type) {
         root_taken[r] = true;
@@ -632,6 +721,10 @@ void Engine::hash_graph(Graph& g) {
   for (const ValuePtr& r : g.roots) h = hash_mix(hash_mix(h, g.node_index.at(r->node.get())), r->output_index);
   for (size_t p = 0; p < g.params.size(); ++p) h = hash_mix(hash_type(h, g.params[p]->type), g.aliasing[p] + 2);
   h = hash_mix(hash_mix(h, g.float_scalars.size()), g.int_scalars.size());
+  if (g.mesh) {  // a partitioned executable is made for its mesh and its arguments' shardings
+    for (int d : g.mesh->devices) h = hash_mix(h, static_cast<uint64_t>(d) + 1);
+    for (size_t p = 0; p < g.params.size(); ++p) h = hash_string(h, argument_sharding(g, p));
+  }
   g.hash = h;
 }
 
@@ -649,18 +742,44 @@ Engine::CompiledPtr Engine::find_or_compile(Graph& g) {
 
 DType Engine::scalar_float_dtype() { return runtime().has_float64() ? DType::Float64 : DType::Float32; }
 
-BufferPtr Engine::upload_float_scalars(const std::vector<double>& values, int device) {
-  TensorType t{{static_cast<int64_t>(values.size())}, scalar_float_dtype()};
-  TraceSpan span([&] { return upload_event("scalars", t.nbytes(), device); });
-  if (t.dtype == DType::Float64) return runtime().upload_bytes(values.data(), t, device);
-  std::vector<float> narrow(values.begin(), values.end());
-  return runtime().upload_bytes(narrow.data(), t, device);
+namespace {
+
+// Host bytes copied to every device of a mesh, as one replicated buffer.
+BufferPtr upload_replicated(const void* data, const TensorType& type, const MeshPtr& mesh) {
+  auto sharding = std::make_shared<Sharding>(Sharding::replicated(mesh, type.rank()));
+  std::vector<BufferPtr> shards;
+  for (int d : mesh->devices) shards.push_back(runtime().upload_bytes(data, type, d));
+  return runtime().assemble_sharded(type, std::move(sharding), shards);
 }
 
-BufferPtr Engine::upload_int_scalars(const std::vector<int64_t>& values, int device) {
+BufferPtr upload_to(const void* data, const TensorType& type, int device, const MeshPtr& mesh) {
+  return mesh ? upload_replicated(data, type, mesh) : runtime().upload_bytes(data, type, device);
+}
+
+}  // namespace
+
+BufferPtr Engine::upload_float_scalars(const std::vector<double>& values, int device, const MeshPtr& mesh) {
+  TensorType t{{static_cast<int64_t>(values.size())}, scalar_float_dtype()};
+  TraceSpan span([&] { return upload_event("scalars", t.nbytes(), device); });
+  if (t.dtype == DType::Float64) return upload_to(values.data(), t, device, mesh);
+  std::vector<float> narrow(values.begin(), values.end());
+  return upload_to(narrow.data(), t, device, mesh);
+}
+
+BufferPtr Engine::upload_int_scalars(const std::vector<int64_t>& values, int device, const MeshPtr& mesh) {
   TensorType t{{static_cast<int64_t>(values.size())}, DType::Int64};
   TraceSpan span([&] { return upload_event("scalars", t.nbytes(), device); });
-  return runtime().upload_bytes(values.data(), t, device);
+  return upload_to(values.data(), t, device, mesh);
+}
+
+BufferPtr Engine::argument_for_mesh(const BufferPtr& buffer, const MeshPtr& mesh) {
+  if (buffer->sharding) return buffer;
+  std::vector<char> host(static_cast<size_t>(buffer->type.nbytes()));
+  runtime().download_bytes(*buffer, host.data());
+  metrics_.bytes_to_host += buffer->type.nbytes();
+  metrics_.bytes_to_device += buffer->type.nbytes() * static_cast<int64_t>(mesh->devices.size());
+  TraceSpan span([&] { return upload_event("replicated", buffer->type.nbytes(), buffer->device); });
+  return upload_replicated(host.data(), buffer->type, mesh);
 }
 
 std::vector<BufferPtr> Engine::launch(Executable& exe, const std::vector<BufferPtr>& args,
@@ -705,7 +824,7 @@ void Engine::run_graph(Graph& g) {
   // failures (this graph's values stay pending). Collectives run at their exact sizes:
   // padding would change what all_gather, all_to_all and reduce_scatter exchange (and the
   // ranks' padded programs could differ).
-  if (g.bucketable && g.replica_devices.empty() && run_bucketed(g)) return;
+  if (g.bucketable && g.replica_devices.empty() && !g.mesh && run_bucketed(g)) return;
   try {
     if (unpad_params(g)) {  // values computed padded by an earlier graph: sliced in this one
       plan_donation(g);
@@ -727,9 +846,9 @@ void Engine::run_graph(Graph& g) {
           g.device, budget));
     std::vector<BufferPtr> args;
     args.reserve(g.params.size() + 2);
-    for (const ValuePtr& p : g.params) args.push_back(p->buffer);
-    if (!g.float_scalars.empty()) args.push_back(upload_float_scalars(g.float_scalars, g.device));
-    if (!g.int_scalars.empty()) args.push_back(upload_int_scalars(g.int_scalars, g.device));
+    for (const ValuePtr& p : g.params) args.push_back(g.mesh ? argument_for_mesh(p->buffer, g.mesh) : p->buffer);
+    if (!g.float_scalars.empty()) args.push_back(upload_float_scalars(g.float_scalars, g.device, g.mesh));
+    if (!g.int_scalars.empty()) args.push_back(upload_int_scalars(g.int_scalars, g.device, g.mesh));
     std::vector<TensorType> result_types;
     result_types.reserve(g.roots.size());
     for (const ValuePtr& r : g.roots) result_types.push_back(r->type);
@@ -767,6 +886,8 @@ Engine::CompiledPtr Engine::compile_graph(Graph& g) {
   CompileOptions options;
   options.device = g.device;
   options.replica_devices = g.replica_devices;
+  options.mesh = g.mesh;
+  if (g.mesh) options.fixed_result_layouts = fixed_results(g, !compiled->checks.empty());
   // Executables are bound to their device: the options (device assignment) are in the key.
   CacheKey key = make_cache_key(text, rt.version(), rt.platform(), options.describe());
   if (load_from_disk(g, key, compiled.get())) return compiled;
@@ -819,7 +940,7 @@ std::exception_ptr Engine::explain_failure(Graph& g, Stage stage, std::exception
     if (facts == node_facts_.end() || !facts->second.compiled) suspects.push_back(node);
   }
   std::string message;
-  Node* culprit = first_failing_node(suspects, g.device, &message);
+  Node* culprit = first_failing_node(suspects, g.device, g.mesh, &message);
   if (!culprit) return error;  // no single op fails alone: the graph as a whole did
   std::string text = "torchtpu: " + culprit->op.name() + " cannot run on tpu";
   if (!culprit->origin.empty()) text += " (issued at " + culprit->origin + ")";
@@ -831,24 +952,26 @@ std::exception_ptr Engine::explain_failure(Graph& g, Stage stage, std::exception
   return failure;
 }
 
-Node* Engine::first_failing_node(const std::vector<Node*>& suspects, int device, std::string* message) {
-  if (suspects.empty() || compiles_alone(suspects, device, message)) return nullptr;
+Node* Engine::first_failing_node(const std::vector<Node*>& suspects, int device, const MeshPtr& mesh,
+                                 std::string* message) {
+  if (suspects.empty() || compiles_alone(suspects, device, mesh, message)) return nullptr;
   size_t low = 0, high = suspects.size();  // [low, high) holds the first failing node
   while (high - low > 1) {
     size_t mid = (low + high) / 2;
     std::vector<Node*> first_half(suspects.begin() + low, suspects.begin() + mid);
-    if (compiles_alone(first_half, device, message)) low = mid;
+    if (compiles_alone(first_half, device, mesh, message)) low = mid;
     else high = mid;
   }
-  compiles_alone({suspects[low]}, device, message);
+  compiles_alone({suspects[low]}, device, mesh, message);
   return suspects[low];
 }
 
 // Compiles `nodes` side by side, each reading its operands as parameters; on failure
 // `message` says why.
-bool Engine::compiles_alone(const std::vector<Node*>& nodes, int device, std::string* message) {
+bool Engine::compiles_alone(const std::vector<Node*>& nodes, int device, const MeshPtr& mesh, std::string* message) {
   Graph bag;
   bag.device = device;
+  bag.mesh = mesh;
   bag.donate = false;
   for (Node* node : nodes) {
     bag.node_index[node] = static_cast<int>(bag.nodes.size());
@@ -866,6 +989,7 @@ bool Engine::compiles_alone(const std::vector<Node*>& nodes, int device, std::st
     std::vector<CheckSpec> checks;
     CompileOptions options;
     options.device = device;
+    options.mesh = mesh;
     runtime().compile(lower_graph(bag, &signature, &checks), options);
     return true;
   } catch (const std::exception& e) {
@@ -886,6 +1010,7 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
   for (size_t p = 0; p < g.params.size(); ++p) {
     param_values.push_back(module.add_argument("%arg" + std::to_string(p), g.params[p]->type));
     if (g.aliasing[p] >= 0) module.set_argument_attribute(p, "tf.aliasing_output", std::to_string(g.aliasing[p]) + " : i32");
+    if (g.mesh) module.set_argument_attribute(p, "mhlo.sharding", "\"" + argument_sharding(g, p) + "\"");
   }
   V float_pack, int_pack;
   if (!g.float_scalars.empty())
@@ -893,6 +1018,11 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
         "%scalars_f", TensorType{{static_cast<int64_t>(g.float_scalars.size())}, scalar_float_dtype()});
   if (!g.int_scalars.empty())
     int_pack = module.add_argument("%scalars_i", TensorType{{static_cast<int64_t>(g.int_scalars.size())}, DType::Int64});
+  if (g.mesh) {
+    module.set_attribute("mhlo.num_partitions", std::to_string(g.mesh->devices.size()) + " : i32");
+    for (size_t a = g.params.size(); a < module.argument_count(); ++a)
+      module.set_argument_attribute(a, "mhlo.sharding", "\"{replicated}\"");
+  }
   ctx.set_scalar_packs(float_pack, int_pack);
   ctx.set_has_float64(scalar_float_dtype() == DType::Float64);
 
@@ -916,6 +1046,11 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
                                       : param_values[g.param_index.at(root.get())]);
   if (!g.replica_devices.empty())
     module.set_attribute("mhlo.num_replicas", std::to_string(g.replica_devices.size()) + " : i32");
+  if (g.mesh) {
+    std::vector<std::string> layouts = fixed_result_layouts(g);
+    for (size_t r = 0; r < layouts.size(); ++r)
+      if (!layouts[r].empty()) module.set_result_attribute(r, "mhlo.sharding", "\"" + layouts[r] + "\"");
+  }
   if (g.roots.empty())  // nodes compiled side by side (compiles_alone): all their results
     for (const auto& outputs : node_results) results.insert(results.end(), outputs.begin(), outputs.end());
   if (checks && !ctx.checks().empty()) {  // export passes none: a module returns only its roots
@@ -925,6 +1060,8 @@ std::string Engine::lower_graph(const Graph& g, std::vector<std::string>* signat
       checks->push_back(CheckSpec{g.node_index.at(c.node), c.check});
     }
     results.push_back(ctx.concatenate(flags, 0));
+    // Read on the host from one device: each holds them all.
+    if (g.mesh) module.set_result_attribute(results.size() - 1, "mhlo.sharding", "\"{replicated}\"");
   }
   return module.text(ctx.body(), results, ctx.functions());
 }
@@ -951,6 +1088,8 @@ bool Engine::load_from_disk(Graph& g, const CacheKey& key, Compiled* compiled) {
     CompileOptions options;
     options.device = g.device;
     options.replica_devices = g.replica_devices;
+    options.mesh = g.mesh;
+    if (g.mesh) options.fixed_result_layouts = fixed_results(g, !compiled->checks.empty());
     compiled->executable = runtime().deserialize(bytes->substr(sizeof(int64_t)), options);
     compiled->memory_needed = memory_needed;
     metrics_.cache_hits_disk++;
@@ -1105,19 +1244,25 @@ std::shared_ptr<const Subgraph> Engine::end_body(const std::vector<ValuePtr>& ou
 
 // ---- torch.compile capture support (see device/capture.cpp) ---------------------------
 
-Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, int device) {
+Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, int device,
+                                           const std::vector<std::pair<const Value*, int>>& donations) {
   Graph graph;
   graph.device = device;
   graph.donate = false;
+  graph.donate_to_root = donations;
+  graph.mesh = roots.empty() ? nullptr : roots.front()->mesh;
   if (hooks_.python_origin) graph.origin = hooks_.python_origin();
   graph.roots = roots;
   // Other live pending values made by the captured code (functional views' bases, say)
   // are computed too, as a flush would: left pending, they would be recomputed later.
   std::unordered_set<const Value*> seen;
   for (const ValuePtr& r : roots) seen.insert(r.get());
+  auto same_mesh = [&](const Value& v) {
+    return graph.mesh ? v.mesh && v.mesh->same_devices(*graph.mesh) : !v.mesh;
+  };
   for (auto& weak : pending_) {
     ValuePtr v = weak.lock();
-    if (!v || !v->pending() || v->device != device || seen.count(v.get())) continue;
+    if (!v || !v->pending() || v->device != device || seen.count(v.get()) || !same_mesh(*v)) continue;
     if (v.use_count() - 1 > v->node_uses.load()) {
       seen.insert(v.get());
       graph.roots.push_back(v);
@@ -1141,6 +1286,10 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
   run.checks = graph.check_entries;
   run.graph_hash = graph.hash;
   run.params = graph.params;
+  run.aliasing = graph.aliasing;
+  run.mesh = graph.mesh;
+  if (graph.mesh)
+    for (size_t p = 0; p < graph.params.size(); ++p) run.param_shardings.push_back(argument_sharding(graph, p));
   run.float_scalars = graph.float_scalars;
   run.int_scalars = graph.int_scalars;
   for (auto [n, a] : random_nodes) run.random_seed_slots.push_back(graph.lifted_slots[n][a]);

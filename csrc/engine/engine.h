@@ -43,6 +43,7 @@ struct Metrics {
   std::atomic<int64_t> execute_count{0};
   std::atomic<int64_t> bytes_to_device{0};
   std::atomic<int64_t> bytes_to_host{0};
+  std::atomic<int64_t> downloads{0};  // copies to the host: each waits for the device (a host sync)
   std::atomic<int64_t> recompilations{0};
   std::atomic<int64_t> donated_buffers{0};
   double compile_seconds = 0.0;
@@ -71,9 +72,12 @@ class Engine {
   // Records an op on device tensors and returns its outputs: computed now in debug/strict
   // mode, pending (computed at the next flush) in fused mode.
   // `body` is the traced function of a structured op (torchtpu::scan).
+  // Single-process SPMD: outputs live on the mesh of their operands (`mesh`, where given:
+  // torchtpu::shard's); operands of one device on the mesh's first device are replicated onto
+  // it, operands of two meshes raise std::invalid_argument.
   std::vector<ValuePtr> record(OpKind op, std::vector<Arg> args, std::vector<ValuePtr> operands,
                                std::vector<TensorType> outputs, int device,
-                               std::shared_ptr<const Subgraph> body = nullptr);
+                               std::shared_ptr<const Subgraph> body = nullptr, MeshPtr mesh = nullptr);
   ValuePtr from_buffer(BufferPtr buffer);
   // A value whose contents were dropped (a freed storage): reading it raises `error`, view
   // copies of it are dropped values too (Value::dropped).
@@ -138,25 +142,36 @@ class Engine {
   struct CaptureRun {
     ExecutablePtr executable;               // null when there was nothing to run
     std::vector<ValuePtr> params;           // executable parameters, in order
+    std::vector<int> aliasing;              // per parameter: the result it was donated to, or -1
     std::vector<TensorType> result_types;   // the roots asked for first, then other live values
     std::vector<double> float_scalars;      // lifted scalars, as passed this time
     std::vector<int64_t> int_scalars;
     std::vector<int> random_seed_slots;     // per random node: int-scalar slot of its seed (offset follows)
     std::vector<CheckQueue::Entry> checks;  // its runtime checks (pass them to launch)
     uint64_t graph_hash = 0;
+    // A partitioned executable (roots on a mesh): its mesh and each parameter's layout (pass
+    // parameters through argument_for_mesh, scalar packs uploaded for the mesh).
+    MeshPtr mesh;
+    std::vector<std::string> param_shardings;
   };
   // Compiles (or finds in the caches) and runs the pending graph that computes `roots`
-  // (and any other live pending value) on `device`, donating no parameter. The executable's
-  // results are `roots` first. The caller holds the engine lock.
-  CaptureRun run_for_capture(const std::vector<ValuePtr>& roots, int device);
+  // (and any other live pending value of their mesh) on `device`, donating no parameter but
+  // those in `donations` (parameter value, root index). The executable's results are `roots`
+  // first; roots must share one mesh (or none). The caller holds the engine lock.
+  CaptureRun run_for_capture(const std::vector<ValuePtr>& roots, int device,
+                             const std::vector<std::pair<const Value*, int>>& donations = {});
   // The scalar packs an executable takes after its parameters: floats in the platform's
   // float type (f64, or f32 where the platform has no f64), ints as i64.
-  BufferPtr upload_float_scalars(const std::vector<double>& values, int device);
-  BufferPtr upload_int_scalars(const std::vector<int64_t>& values, int device);
+  // A partitioned executable (`mesh`) takes them replicated over its mesh.
+  BufferPtr upload_float_scalars(const std::vector<double>& values, int device, const MeshPtr& mesh = nullptr);
+  BufferPtr upload_int_scalars(const std::vector<int64_t>& values, int device, const MeshPtr& mesh = nullptr);
   // Launches an executable on `args` (parameters, then the scalar packs it takes) and
   // counts it; sync(wait=true) waits for its results. graph_hash names it in traces. An
   // executable with runtime checks returns their flags last: `checks` says what they mean,
   // and they are queued, not returned.
+  // A partitioned executable's arguments: a buffer of one device is replicated onto its mesh
+  // (through the host).
+  BufferPtr argument_for_mesh(const BufferPtr& buffer, const MeshPtr& mesh);
   std::vector<BufferPtr> launch(Executable& exe, const std::vector<BufferPtr>& args,
                                 const std::vector<TensorType>& result_types, int device, uint64_t graph_hash,
                                 const std::vector<CheckQueue::Entry>& checks = {});
@@ -190,6 +205,7 @@ class Engine {
  private:
   // The steps of running a graph (run_graph), in order.
   void plan_donation(Graph& graph);
+  bool carried_unheld(const Value& param) const;
   void lift_scalars(Graph& graph);
   void hash_graph(Graph& graph);
   CompiledPtr find_or_compile(Graph& graph);
@@ -223,6 +239,10 @@ class Engine {
   void compute_unpadded(const ValuePtr& value);
   std::shared_ptr<BucketState> buckets_ = std::make_shared<BucketState>();
   int bucket_depth_ = 0;  // > 0 while a bucketed graph is being recorded
+  // While a padded graph runs: its parameters that carry a padded-only value's buffer, and
+  // that value. plan_donation donates such a buffer when nothing but pending nodes holds the
+  // value (the cache a decode step grows), as it does a plain parameter's.
+  std::vector<std::pair<const Value*, std::weak_ptr<Value>>> carried_owners_;
   // What recording learns about each node signature (Node::hash) the first time it meets it,
   // by lowering the node alone: whether it has runtime checks (its origin is then kept).
   // A node that cannot be lowered raises at once, at the user's line, and never joins a graph.
@@ -239,8 +259,8 @@ class Engine {
   enum class Stage { Lowering, Compiling, Running };
   std::exception_ptr explain_failure(Graph& graph, Stage stage, std::exception_ptr error);
   // The first node (in graph order) of `candidates` that fails to compile alone, or null.
-  Node* first_failing_node(const std::vector<Node*>& candidates, int device, std::string* message);
-  bool compiles_alone(const std::vector<Node*>& nodes, int device, std::string* message);
+  Node* first_failing_node(const std::vector<Node*>& candidates, int device, const MeshPtr& mesh, std::string* message);
+  bool compiles_alone(const std::vector<Node*>& nodes, int device, const MeshPtr& mesh, std::string* message);
   // Roots that depend on a failed node become failed values (reading them raises its
   // error) and leave the graph; false when none did.
   bool drop_failed_roots(Graph& graph);

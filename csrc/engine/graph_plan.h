@@ -26,9 +26,14 @@ struct Engine::Graph {
   uint64_t hash = 0;
   std::string origin;
   bool donate = true;       // false for captured graphs (their parameters belong to the caller)
+  // Parameters donated whatever holds them, each to a root: a captured graph's in-place
+  // update of an input (a static KV cache), whose caller replaces the input by that root.
+  std::vector<std::pair<const Value*, int>> donate_to_root;
   bool bucketable = false;  // a fused flush: may run padded to a bucket of its sizes (buckets.cpp)
   Stage stage = Stage::Lowering;  // how far running it got (a failure is explained by it)
   std::vector<int64_t> replica_devices;  // set when the graph holds collectives
+  // Single-process SPMD: the mesh of its roots; it compiles to one partitioned executable.
+  MeshPtr mesh;
 };
 
 // Orders the pending nodes reachable from the roots (operands first), without recursion;

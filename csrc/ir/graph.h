@@ -85,6 +85,9 @@ struct Node {
   std::exception_ptr error;
   // The traced function a structured op (torchtpu::scan) calls; null for aten ops.
   std::shared_ptr<const Subgraph> body;
+  // Single-process SPMD: the mesh its results live on (an operand's, or torchtpu::shard's);
+  // null for values of one device.
+  MeshPtr mesh;
   ~Node();  // releases its operands' node_uses
 };
 using NodePtr = std::shared_ptr<Node>;
@@ -101,6 +104,9 @@ struct Value {
   TensorType type;
   int device = 0;
   BufferPtr buffer;     // set once computed
+  // Laid out over this mesh (single-process SPMD; `device` is its first device): computed by a
+  // partitioned executable, its buffer sharded. Null: a value of one device.
+  MeshPtr mesh;
   // Set instead of `buffer` when a bucketed graph computed it: read through a slice (in the
   // graph that uses it, or on the host when downloaded) or carried padded into the next one.
   std::shared_ptr<const PaddedBuffer> padded;

@@ -42,11 +42,41 @@ void lower_mul(LoweringContext& ctx, const Node& node) {
 
 // x * alpha, where alpha is the optional Scalar argument 2 of add/sub/rsub (skipped when it
 // is a constant 1).
+bool times_alpha_is_identity(const Node& node) {
+  return node.args.size() <= 2 || node.args[2].is_none() || node.args[2].is_constant(1.0);
+}
+
 V times_alpha(LoweringContext& ctx, const Node& node, const V& x, const TensorType& out) {
-  if (node.args.size() <= 2 || node.args[2].is_none()) return x;
-  const Arg& alpha = node.args[2];
-  if (alpha.is_constant(1.0)) return x;
+  if (times_alpha_is_identity(node)) return x;
   return ctx.binary("stablehlo.multiply", x, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
+}
+
+// A float16/bfloat16 operand of an add or subtract, in float32 behind a reduce_precision to
+// its own mantissa width: an identity on it (the exponent keeps float32's 8 bits, so subnormals,
+// infinities and NaNs pass unchanged), but one XLA emits as integer bit operations. XLA:CPU's
+// LLVM backend always allows FMA contraction, and LLVM narrows convert(op(convert(a), convert(b)))
+// back to the float16 op; on a CPU with float16 FMA (avx512_fp16) a product was then fused into
+// the add or subtract that consumed it and rounded once, where eager rounds the product first
+// (bfloat16 FMA comes with AVX10.2). LLVM cannot see through the bit operations, so the product
+// stays a rounded value of its own.
+V kept_from_contraction(LoweringContext& ctx, const V& x) {
+  V wide = ctx.convert(x, DType::Float32);
+  int mantissa_bits = x.type.dtype == DType::Float16 ? 10 : 7;
+  return ctx.emit("stablehlo.reduce_precision", {wide}, wide.type,
+                  "exponent_bits = 8 : i32, mantissa_bits = " + std::to_string(mantissa_bits) + " : i32");
+}
+
+// a op b for add/sub/rsub, a and b of the result dtype. A float16/bfloat16 result is computed
+// in float32 and rounded once (exact: float32 holds the sum of two float16/bfloat16 values to
+// within half an ulp of the result), from its tensor operands kept from contraction; a Python
+// number cannot be a product and is only widened.
+V add_or_subtract(LoweringContext& ctx, const char* op, const V& a, bool a_is_tensor, const V& b,
+                  bool b_is_tensor, const TensorType& out) {
+  if (out.dtype != DType::Float16 && out.dtype != DType::BFloat16) return ctx.binary(op, a, b);
+  auto widened = [&](const V& x, bool is_tensor) {
+    return is_tensor ? kept_from_contraction(ctx, x) : ctx.convert(x, DType::Float32);
+  };
+  return ctx.convert(ctx.binary(op, widened(a, a_is_tensor), widened(b, b_is_tensor)), out.dtype);
 }
 
 // add/sub with alpha: self op alpha * other.
@@ -54,7 +84,10 @@ void lower_add_sub(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
-  ctx.set_result(ctx.binary(rule_data(node), a, times_alpha(ctx, node, b, out)));
+  // alpha * other is a product of its own: kept from contraction as a tensor operand is.
+  bool b_is_product = ctx.has_input(node, 1) || !times_alpha_is_identity(node);
+  ctx.set_result(add_or_subtract(ctx, rule_data(node), a, ctx.has_input(node, 0), times_alpha(ctx, node, b, out),
+                                 b_is_product, out));
 }
 
 // rsub(self, other, alpha): other - alpha * self.
@@ -62,7 +95,9 @@ void lower_rsub(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
-  ctx.set_result(ctx.binary("stablehlo.subtract", b, times_alpha(ctx, node, a, out)));
+  bool a_is_product = ctx.has_input(node, 0) || !times_alpha_is_identity(node);
+  ctx.set_result(add_or_subtract(ctx, "stablehlo.subtract", b, ctx.has_input(node, 1), times_alpha(ctx, node, a, out),
+                                 a_is_product, out));
 }
 
 // Floor division of floats as PyTorch computes it: from fmod, so that a // b is consistent
@@ -163,14 +198,15 @@ void lower_where(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.select(c, a, b));
 }
 
-// threshold_backward(grad, self, threshold): grad where self > threshold else 0.
+// threshold_backward(grad, self, threshold): 0 where self <= threshold, else grad (a NaN self
+// passes its gradient, as CPU's `x <= threshold ? 0 : grad` does).
 void lower_threshold_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V grad = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
   V self = ctx.input(node, 1);
   V threshold = ctx.broadcast_to(ctx.scalar(node, 2, self.type.dtype), self.type.shape);
-  V keep = ctx.broadcast_to(ctx.compare("GT", self, threshold), out.shape);
-  ctx.set_result(ctx.select(keep, grad, ctx.constant(0, out.dtype, out.shape)));
+  V drop = ctx.broadcast_to(ctx.compare("LE", self, threshold), out.shape);
+  ctx.set_result(ctx.select(drop, ctx.constant(0, out.dtype, out.shape), grad));
 }
 
 // fill(self, value) / zero(self)

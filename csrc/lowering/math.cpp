@@ -208,12 +208,14 @@ void lower_pointwise_backward(LoweringContext& ctx, const Node& node) {
     r = e.sel(e.cmp("LE", x, zero), neg, e.mul(g, scale));
   } else if (f == "hardswish_backward") {  // (grad, self)
     V x = e.arg(node, 1);
+    // CPU: 0 for x <= -3, grad for x >= 3 (and NaN), grad * (x / 3 + 0.5) between.
     V mid = e.mul(g, e.add(e.div(x, e.k(3.0)), e.k(0.5)));
-    r = e.sel(e.cmp("LT", x, e.k(-3.0)), zero, e.sel(e.cmp("LE", x, e.k(3.0)), mid, g));
+    r = e.sel(e.cmp("LE", x, e.k(-3.0)), zero, e.sel(e.cmp("LT", x, e.k(3.0)), mid, g));
   } else if (f == "hardsigmoid_backward") {  // (grad, self)
     V x = e.arg(node, 1);
     V inside = e.band(e.cmp("GT", x, e.k(-3.0)), e.cmp("LT", x, e.k(3.0)));
-    r = e.sel(inside, e.div(g, e.k(6.0)), zero);
+    // CPU multiplies by 1/6 taken in float32, whatever the dtype (float64 included).
+    r = e.sel(inside, e.mul(g, e.k(static_cast<double>(1.0f / 6.0f))), zero);
   } else if (f == "logit_backward") {  // (grad, self, eps?)
     V x = e.arg(node, 1);
     V d = e.div(g, e.mul(x, e.sub(e.k(1.0), x)));

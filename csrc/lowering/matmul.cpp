@@ -5,19 +5,25 @@
 namespace torchtpu {
 namespace {
 
-// beta * self + alpha * product for the add* family (args: self, _, _, beta, alpha).
+// beta * self + alpha * product for the add* family (args: self, _, _, beta, alpha). A
+// float16/bfloat16 product comes unrounded in float32 (`product`'s dtype): CPU's gemm scales
+// and adds in float32 and rounds once.
 V beta_self_plus_alpha(LoweringContext& ctx, const Node& node, V product) {
   const TensorType& out = ctx.out(node);
+  DType acc = product.type.dtype;
   const Arg& beta = node.args[3];
   const Arg& alpha = node.args[4];
   if (!alpha.is_constant(1.0))
-    product = ctx.binary("stablehlo.multiply", product, ctx.broadcast_to(ctx.scalar(node, 4, out.dtype), out.shape));
-  if (beta.is_constant(0.0)) return product;  // PyTorch ignores self (even NaN) when beta is 0
-  V self = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
+    product = ctx.binary("stablehlo.multiply", product, ctx.broadcast_to(ctx.scalar(node, 4, acc), out.shape));
+  if (beta.is_constant(0.0)) return ctx.convert(product, out.dtype);  // PyTorch ignores self (even NaN) when beta is 0
+  V self = to_type(ctx, ctx.input(node, 0), acc, out.shape);
   if (!beta.is_constant(1.0))
-    self = ctx.binary("stablehlo.multiply", self, ctx.broadcast_to(ctx.scalar(node, 3, out.dtype), out.shape));
-  return ctx.binary("stablehlo.add", self, product);
+    self = ctx.binary("stablehlo.multiply", self, ctx.broadcast_to(ctx.scalar(node, 3, acc), out.shape));
+  return ctx.convert(ctx.binary("stablehlo.add", self, product), out.dtype);
 }
+
+// The add* family's product type: float32 for half types (rounded once, after the add).
+TensorType product_type(const TensorType& out) { return TensorType{out.shape, compute_dtype(out.dtype)}; }
 
 // CPU's dtype checks (the meta kernels promote instead): mm's, and the add* family's.
 void check_mm_dtypes(const V& m1, const V& m2) {
@@ -58,8 +64,8 @@ void lower_addmm(LoweringContext& ctx, const Node& node) {
   check_addmm_dtypes(ctx.input(node, 0), ctx.input(node, 1), ctx.input(node, 2));
   V a = ctx.convert(ctx.input(node, 1), out.dtype);
   V b = ctx.convert(ctx.input(node, 2), out.dtype);
-  V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {0}, {0}, {2}, {1}, out)
-                                 : ctx.dot_general(a, b, {}, {}, {1}, {0}, out);
+  V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {0}, {0}, {2}, {1}, product_type(out))
+                                 : ctx.dot_general(a, b, {}, {}, {1}, {0}, product_type(out));
   ctx.set_result(beta_self_plus_alpha(ctx, node, product));
 }
 
@@ -89,8 +95,8 @@ void lower_addmv_addbmm(LoweringContext& ctx, const Node& node) {
   else check_addmv_dtypes(ctx.input(node, 0).type.dtype, ctx.input(node, 1), ctx.input(node, 2));
   V a = ctx.convert(ctx.input(node, 1), out.dtype);
   V b = ctx.convert(ctx.input(node, 2), out.dtype);
-  V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {}, {}, {0, 2}, {0, 1}, out)  // sum over batch and k
-                                 : ctx.dot_general(a, b, {}, {}, {1}, {0}, out);
+  V product = a.type.rank() == 3 ? ctx.dot_general(a, b, {}, {}, {0, 2}, {0, 1}, product_type(out))  // sum over batch and k
+                                 : ctx.dot_general(a, b, {}, {}, {1}, {0}, product_type(out));
   ctx.set_result(beta_self_plus_alpha(ctx, node, product));
 }
 

@@ -109,11 +109,16 @@ bool optional_input(LoweringContext& ctx, const Node& node, int arg, DType acc, 
   return true;
 }
 
-// Returns mean and rstd over `dims` of x (broadcast to x's shape), biased variance.
+// Returns mean and rstd over `dims` of x (broadcast to x's shape), biased variance. The mean
+// is NaN where the row holds an infinity, as from CPU's Welford moments (layer and group norm),
+// whose combine step subtracts an infinite partial mean from another.
 void moments(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims, V* mean, V* var) {
   int64_t n = 1;
   for (int64_t d : dims) n *= x.type.shape[d];
+  V nan_if_not_finite = ctx.select(ctx.emit("stablehlo.is_finite", {x}, TensorType{x.type.shape, DType::Bool}),
+                                   full(ctx, 0.0, x), full(ctx, NAN, x));
   *mean = div(ctx, sum_bcast(ctx, x, dims), full(ctx, static_cast<double>(n), x));
+  if (n > 1) *mean = add(ctx, *mean, sum_bcast(ctx, nan_if_not_finite, dims));
   V c = sub(ctx, x, *mean);
   *var = div(ctx, sum_bcast(ctx, mul(ctx, c, c), dims), full(ctx, static_cast<double>(n), x));
 }
@@ -156,6 +161,19 @@ V normalized_grad(LoweringContext& ctx, const V& g, const V& xhat, const V& rstd
   return mul(ctx, t, div(ctx, rstd, full(ctx, static_cast<double>(n), rstd)));
 }
 
+// Layer and group norm's input gradient in CPU's form, which decides where NaN appears when
+// a gradient is infinite: with ds = sum(g * x), db = sum(g) over `dims`,
+// dx = rstd * g + b * x + c, b = (db * mean - ds) * rstd^3 / N, c = -b * mean - db * rstd / N.
+V moments_grad(LoweringContext& ctx, const V& g, const V& x, const V& mean, const V& rstd, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= g.type.shape[d];
+  V scale = full(ctx, 1.0 / static_cast<double>(n), g);
+  V ds = sum_bcast(ctx, mul(ctx, g, x), dims), db = sum_bcast(ctx, g, dims);
+  V b = mul(ctx, mul(ctx, sub(ctx, mul(ctx, db, mean), ds), mul(ctx, mul(ctx, rstd, rstd), rstd)), scale);
+  V c = sub(ctx, mul(ctx, ctx.unary("stablehlo.negate", b), mean), mul(ctx, mul(ctx, db, rstd), scale));
+  return add(ctx, add(ctx, mul(ctx, rstd, g), mul(ctx, b, x)), c);
+}
+
 // Results for outputs whose output_mask entry is set (the others are not node outputs).
 void set_masked(LoweringContext& ctx, const Node& node, const Arg& mask, std::vector<V> all) {
   std::vector<V> results;
@@ -186,7 +204,7 @@ void lower_layer_norm_backward(LoweringContext& ctx, const Node& node) {
   bool has_w = optional_input(ctx, node, 5, acc, &w);
   if (has_w) g = mul(ctx, dy, ctx.broadcast_in_dim(w, x.type.shape, dims));
   std::vector<int64_t> feat(x.type.shape.begin() + axis, x.type.shape.end());
-  V dx = normalized_grad(ctx, g, xhat, rstd, dims);
+  V dx = moments_grad(ctx, g, x, mean, rstd, dims);
   V dw = sum_to(ctx, mul(ctx, dy, xhat), batch, feat);
   V db = sum_to(ctx, dy, batch, feat);
   set_masked(ctx, node, node.args[7], {dx, dw, db});
@@ -227,7 +245,7 @@ void lower_group_norm_backward(LoweringContext& ctx, const Node& node) {
   V xhat = mul(ctx, sub(ctx, x, mean), rstd);
   V g = dy, w;
   if (optional_input(ctx, node, 4, acc, &w)) g = mul(ctx, dy, along(ctx, w, {N, C, HW}, 1));
-  V dx = ctx.reshape(normalized_grad(ctx, ctx.reshape(g, {N, G, D}), xhat, rstd, {2}), x0.type.shape);
+  V dx = ctx.reshape(moments_grad(ctx, ctx.reshape(g, {N, G, D}), x, mean, rstd, {2}), x0.type.shape);
   V dw = sum_to(ctx, mul(ctx, dy, ctx.reshape(xhat, {N, C, HW})), {0, 2}, {C});
   V db = sum_to(ctx, dy, {0, 2}, {C});
   set_masked(ctx, node, node.args[9], {dx, dw, db});

@@ -1,9 +1,10 @@
 // Order statistics and binning: kthvalue, median, nanmedian, mode (a stable sort along dim,
 // NaN last, then a pick per slice), searchsorted and bucketize (CPU's binary search),
-// histc (bin counts).
+// histc (bin counts), isin (set membership).
 // Among equal values CPU's index is whatever its quickselect or unstable sort leaves; here it
 // is the first (kthvalue, median) or the last (mode, as CPU's small sorts give) occurrence.
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "lowering/common.h"
@@ -258,12 +259,58 @@ void lower_histc(LoweringContext& ctx, const Node& node) {
   ctx.set_result(scatter_linear(ctx, ctx.constant(0, dt, out.shape), bin, v.k(1.0), "stablehlo.add"));
 }
 
+// isin.Tensor_Tensor(elements, test_elements, assume_unique, invert) / .Tensor_Scalar /
+// .Scalar_Tensor: whether each element equals some test element, compared in the promoted
+// dtype (NaN is in nothing). Few pairs compare all of them (logits processors and stopping
+// criteria test a token row against a handful of ids); many sort the test elements once and
+// binary-search each element, as CPU's kernel does past its size threshold.
+void lower_isin(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  auto dtype_of_arg = [&](int arg) -> std::optional<DType> {
+    if (ctx.has_input(node, arg)) return ctx.input(node, arg).type.dtype;
+    return std::nullopt;
+  };
+  auto is_bool_scalar = [&](int arg) { return !ctx.has_input(node, arg) && node.args[arg].kind == Arg::Kind::Bool; };
+  std::optional<DType> a = dtype_of_arg(0), b = dtype_of_arg(1);
+  check_argument(a != DType::Bool && b != DType::Bool && !is_bool_scalar(0) && !is_bool_scalar(1),
+                 "Unsupported input type encountered for isin(): Bool");
+  // A Python number promotes like a 0-d tensor: a float number makes an integer tensor float.
+  DType tensor_dtype = a ? *a : *b;
+  int number_arg = a && b ? -1 : (a ? 1 : 0);
+  DType common = a && b ? promote_types(*a, *b) : tensor_dtype;
+  if (number_arg >= 0 && node.args[number_arg].kind == Arg::Kind::Double && !is_floating(common)) common = DType::Float32;
+  auto operand = [&](int arg) {
+    return ctx.has_input(node, arg) ? ctx.convert(ctx.input(node, arg), common) : ctx.scalar(node, arg, common);
+  };
+  V elements = operand(0), tests = operand(1);
+  int64_t n = elements.type.numel(), m = tests.type.numel();
+  V flat = ctx.reshape(elements, {n});
+  V found;
+  if (m == 0 || n == 0) {
+    found = ctx.constant_int(0, DType::Bool, {n});
+  } else if (n * m <= (int64_t{1} << 20)) {
+    V pairs_e = ctx.broadcast_in_dim(flat, {n, m}, {0});
+    V pairs_t = ctx.broadcast_in_dim(ctx.reshape(tests, {m}), {n, m}, {1});
+    found = ctx.reduce(ctx.compare("EQ", pairs_e, pairs_t), {1}, ctx.constant_int(0, DType::Bool), "stablehlo.or");
+  } else {
+    V sorted = sort_stable(ctx, {ctx.reshape(tests, {m})}, {}, 0)[0];
+    V pos = binary_search(ctx, sorted, flat, false);
+    V at = ctx.binary("stablehlo.minimum", pos, ctx.constant_int(m - 1, DType::Int64, {n}));
+    found = ctx.compare("EQ", gather_linear(ctx, sorted, at), flat);
+  }
+  if (node.args[3].as_bool()) found = ctx.unary("stablehlo.not", found);
+  ctx.set_result(ctx.reshape(found, out.shape));
+}
+
 LOWERING("aten::kthvalue", lower_kthvalue, nullptr, kNoBool);
 LOWERING("aten::median.dim", lower_median_dim, "median", kNoBoolNotEmpty);
 LOWERING("aten::nanmedian.dim", lower_median_dim, "nan", kNoBoolNotEmpty);
 LOWERING("aten::median", lower_median_all, "median", kNoBool);
 LOWERING("aten::nanmedian", lower_median_all, "nan", kNoBool);
 LOWERING("aten::mode", lower_mode);
+LOWERING("aten::isin.Tensor_Tensor", lower_isin);
+LOWERING("aten::isin.Tensor_Scalar", lower_isin);
+LOWERING("aten::isin.Scalar_Tensor", lower_isin);
 LOWERING("aten::searchsorted.Tensor", lower_searchsorted, "searchsorted");
 LOWERING("aten::searchsorted.Scalar", lower_searchsorted, "searchsorted");
 LOWERING("aten::bucketize.Tensor", lower_searchsorted, "bucketize", kSelfNotBool);

@@ -181,6 +181,68 @@ void lower_exponential(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.convert(e, out.dtype));
 }
 
+// multinomial(self, num_samples, replacement, generator): indices drawn from the rows of
+// self (unnormalized probabilities, 1-D or 2-D). As CPU's fast path: each draw is
+// argmax(p / q) with q ~ Exp(1) (the exponential race; the Gumbel-max trick with the exp
+// taken), so one draw per row is one argmax; draws without replacement are the num_samples
+// largest ratios of one race, draws with replacement independent races. CPU reads its
+// validity checks on the host before drawing; here they are runtime checks (raised when the
+// host next waits, as CUDA's device asserts), so a sampling step costs no host round trip.
+void lower_multinomial(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V p = ctx.input(node, 0);
+  check_argument(is_floating(p.type.dtype), std::string("multinomial only supports floating-point dtypes for input, got: ") +
+                                                scalar_type_name(p.type.dtype));
+  int64_t samples = node.args[1].i;
+  bool replacement = node.args[2].as_bool();
+  int64_t categories = p.type.shape.back();
+  check_argument(samples > 0, "cannot sample n_sample <= 0 samples");
+  check_argument(replacement || samples <= categories,
+                 "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  check_argument(categories <= (int64_t{1} << 24), "number of categories cannot exceed 2^24");
+  DType ct = float_compute(p.type.dtype);
+  int64_t rows = p.type.rank() == 2 ? p.type.shape[0] : 1;
+  V probs = ctx.reshape(ctx.convert(p, ct), {rows, categories});
+  Ex e = make_ex(ctx, ct, {rows, categories});
+  TensorType flags{{rows, categories}, DType::Bool};
+  V nan = e.isnan(probs), negative = e.cmp("LT", probs, e.k(0.0));
+  V infinite = e.band(e.bnot(nan), e.bnot(ctx.emit("stablehlo.is_finite", {probs}, flags)));
+  V row_sum = ctx.reduce(probs, {1}, ctx.constant(0.0, ct), "stablehlo.add");
+  V empty_row = ctx.compare("LE", row_sum, ctx.constant(0.0, ct, {rows}));
+  if (!replacement || samples == 1) {
+    ctx.check(e.bor(e.bor(nan, negative), infinite), V{},
+              RuntimeCheck{RuntimeCheck::Error::Runtime, "probability tensor contains either `inf`, `nan` or element < 0"});
+  } else {
+    ctx.check(e.bor(nan, negative), V{},
+              RuntimeCheck{RuntimeCheck::Error::Runtime, "invalid multinomial distribution (encountering probability entry < 0)"});
+    ctx.check(infinite, V{},
+              RuntimeCheck{RuntimeCheck::Error::Runtime,
+                           "invalid multinomial distribution (encountering probability entry = infinity or NaN)"});
+  }
+  ctx.check(empty_row, V{}, RuntimeCheck{RuntimeCheck::Error::Runtime, "invalid multinomial distribution (sum of probabilities <= 0)"});
+
+  int64_t races = replacement ? samples : 1;
+  std::vector<int64_t> shape{rows, races, categories};
+  V u = ctx.random_uniform(node, shape, ct);
+  V q = ctx.unary("stablehlo.negate", ctx.unary("stablehlo.log_plus_one", ctx.unary("stablehlo.negate", u)));
+  V ratio = ctx.binary("stablehlo.divide", ctx.broadcast_in_dim(probs, shape, {0, 2}), q);
+  V picked;
+  if (replacement || samples == 1) {
+    // The first index of each race's largest ratio (argmax).
+    V best = ctx.reduce(ratio, {2}, ctx.constant(-INFINITY, ct), "stablehlo.maximum");
+    V index = ctx.iota(TensorType{shape, DType::Int64}, 2);
+    V at_best = ctx.compare("EQ", ratio, ctx.broadcast_in_dim(best, shape, {0, 1}));
+    V candidates = ctx.select(at_best, index, ctx.constant_int(categories, DType::Int64, shape));
+    picked = ctx.reduce(candidates, {2}, ctx.constant_int(categories, DType::Int64), "stablehlo.minimum");
+  } else {
+    V flat = ctx.reshape(ratio, {rows, categories});
+    V order = ctx.iota(TensorType{{rows, categories}, DType::Int64}, 1);
+    std::vector<V> sorted = sort_stable(ctx, {ctx.unary("stablehlo.negate", flat)}, {order}, 1);
+    picked = ctx.slice(sorted[1], {0, 0}, {rows, samples}, {1, 1});
+  }
+  ctx.set_result(ctx.reshape(picked, out.shape));
+}
+
 // native_dropout(input, p, train) -> (input * mask / (1 - p), mask)
 void lower_native_dropout(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
@@ -225,6 +287,7 @@ LOWERING("aten::random.from", lower_random, "from", false, true);
 LOWERING("aten::random.to", lower_random, "to", false, true);
 LOWERING("aten::random", lower_random, "all", false, true);
 LOWERING("aten::exponential", lower_exponential, nullptr, kFloatDraws);
+LOWERING("aten::multinomial", lower_multinomial, nullptr, false, true);
 LOWERING("aten::native_dropout", lower_native_dropout, nullptr, false, true);
 LOWERING("aten::native_dropout_backward", lower_native_dropout_backward);
 

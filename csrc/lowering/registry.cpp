@@ -33,13 +33,19 @@ void add_rule(const LoweringRule& rule) {
 
 }  // namespace
 
-RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data, bool static_scalars,
-                                   bool random) {
-  add_rule(LoweringRule{OpKind::intern(op), fn, data, static_scalars, random});
+RegisterLowering::RegisterLowering(RuleSource source, const char* op, LowerFn fn, const char* data,
+                                   bool static_scalars, bool random) {
+  LoweringRule rule{OpKind::intern(op), fn, data, static_scalars, random};
+  rule.function_name = source.function_name;
+  rule.file = source.file;
+  add_rule(rule);
 }
 
-RegisterLowering::RegisterLowering(const char* op, LowerFn fn, const char* data, RuleFlags flags) {
+RegisterLowering::RegisterLowering(RuleSource source, const char* op, LowerFn fn, const char* data,
+                                   RuleFlags flags) {
   LoweringRule rule{OpKind::intern(op), fn, data, flags.static_scalars, flags.random};
+  rule.function_name = source.function_name;
+  rule.file = source.file;
   rule.complex = flags.complex;
   rule.collective = flags.collective;
   rule.refuses = flags.refuses;

@@ -66,6 +66,9 @@ struct LoweringRule {
   // takes int64 only. Such calls run through the CPU kernel, which raises that error.
   int index_arg = -1;
   DTypeSet index_refuses = 0;
+  // Where the rule is written, for TORCHTPU_EXPLAIN: its function's name and file (LOWERING fills them).
+  const char* function_name = "";
+  const char* file = "";
 };
 
 // The rule's properties, declared at registration:
@@ -115,16 +118,23 @@ std::vector<std::string> lowered_ops();
 std::vector<V> lower_node(LoweringContext& ctx, const Node& node, std::vector<V> operands,
                           std::vector<int> lifted_slots);
 
+// Where a rule is written (LoweringRule::function_name, file).
+struct RuleSource {
+  const char* function_name;
+  const char* file;
+};
+
 struct RegisterLowering {
-  RegisterLowering(const char* op, LowerFn fn, const char* data = nullptr, bool static_scalars = false,
-                   bool random = false);
-  RegisterLowering(const char* op, LowerFn fn, const char* data, RuleFlags flags);
+  RegisterLowering(RuleSource source, const char* op, LowerFn fn, const char* data = nullptr,
+                   bool static_scalars = false, bool random = false);
+  RegisterLowering(RuleSource source, const char* op, LowerFn fn, const char* data, RuleFlags flags);
 };
 
 #define TORCHTPU_CONCAT_INNER(a, b) a##b
 #define TORCHTPU_CONCAT(a, b) TORCHTPU_CONCAT_INNER(a, b)
 // Registers a lowering at load time: LOWERING("aten::exp", lower_unary, "stablehlo.exponential");
-#define LOWERING(...) \
-  static ::torchtpu::RegisterLowering TORCHTPU_CONCAT(lowering_registration_, __COUNTER__)(__VA_ARGS__)
+#define LOWERING(op, fn, ...)                                                                    \
+  static ::torchtpu::RegisterLowering TORCHTPU_CONCAT(lowering_registration_, __COUNTER__)( \
+      ::torchtpu::RuleSource{#fn, __FILE__}, op, fn __VA_OPT__(, ) __VA_ARGS__)
 
 }  // namespace torchtpu

@@ -29,7 +29,7 @@ py::object layout_to_py(const LayoutSpec& layout) {
   py::list dims;
   for (const auto& dim : layout) {
     py::list factors;
-    for (const FactorSpec& f : dim) factors.append(py::make_tuple(f.bucket, f.symbol));
+    for (const FactorSpec& f : dim) factors.append(py::make_tuple(f.bucket, f.symbol, f.offset));
     dims.append(factors);
   }
   return dims;
@@ -42,7 +42,7 @@ LayoutSpec layout_from_py(const py::handle& h) {
     std::vector<FactorSpec> factors;
     for (const py::handle& f : dim) {
       auto t = f.cast<py::tuple>();
-      factors.push_back({t[0].cast<int64_t>(), t[1].cast<int>()});
+      factors.push_back({t[0].cast<int64_t>(), t[1].cast<int>(), t[2].cast<int64_t>()});
     }
     layout.push_back(std::move(factors));
   }
@@ -128,14 +128,8 @@ BucketRun run_in_python(BucketRequest& request) {
   {
     py::list params, layouts, scalars;
     for (size_t p = 0; p < request.params.size(); ++p) {
-      const ValuePtr& v = request.params[p];
-      if (v->padded_only()) {
-        auto carried = std::make_shared<Value>();
-        carried->type = v->padded->buffer->type;
-        carried->device = v->device;
-        carried->buffer = v->padded->buffer;
-        params.append(py::cast(tensor_of(std::move(carried))));
-      } else if (request.number_params[p]) {
+      const ValuePtr& v = request.params[p];  // a value computed padded comes as its padded buffer
+      if (request.number_params[p]) {
         params.append(number_of(v));
       } else {
         params.append(py::cast(tensor_of(v)));

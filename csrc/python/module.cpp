@@ -11,7 +11,9 @@
 #include "device/capture.h"
 #include "device/export.h"
 #include "device/generator.h"
+#include "device/explain.h"
 #include "device/interop.h"
+#include "device/kernel_overrides.h"
 #include "device/kernels.h"
 #include "device/memory.h"
 #include "device/snapshot.h"
@@ -29,8 +31,10 @@ namespace py = pybind11;
 using namespace torchtpu;
 
 namespace torchtpu {
-void init_buckets(py::module_& m);  // python/buckets.cpp
-void init_pjrt(py::module_& m);     // python/pjrt.cpp
+void init_buckets(py::module_& m);     // python/buckets.cpp
+void init_cpu_kernel(py::module_& m);  // python/cpu_kernel.cpp
+void init_pjrt(py::module_& m);        // python/pjrt.cpp
+void init_spmd(py::module_& m);        // python/spmd.cpp
 }  // namespace torchtpu
 
 namespace {
@@ -127,6 +131,7 @@ py::dict counters() {
   d["execute_count"] = m.execute_count.load();
   d["bytes_to_device"] = m.bytes_to_device.load();
   d["bytes_to_host"] = m.bytes_to_host.load();
+  d["downloads"] = m.downloads.load();
   d["recompilations"] = m.recompilations.load();
   d["donated_buffers"] = m.donated_buffers.load();
   py::dict fallbacks;
@@ -166,7 +171,9 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   init_buckets(m);
+  init_cpu_kernel(m);
   init_pjrt(m);
+  init_spmd(m);
 
   m.def("configure", [](const std::string& platform, int cpu_devices, int local_rank, int local_world_size) {
     configure_runtime(platform, cpu_devices, ProcessLayout{local_rank, local_world_size});
@@ -197,6 +204,44 @@ PYBIND11_MODULE(_C, m) {
                             std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   });
   // ---- end of torch.distributed block -------------------------------------------------------
+  // ---- TORCHTPU_EXPLAIN and torchtpu.explain() (device/explain.h) ----------------------------
+  m.def("explain_print", [](std::vector<std::string> ops) {
+    explain_print(std::move(ops), [](const std::string& line) {
+      py::gil_scoped_acquire gil;
+      py::module_::import("sys").attr("stderr").attr("write")(line + "\n");
+    });
+  });
+  m.def("explain_start", &explain_start_collecting);
+  m.def("explain_stop", [] {
+    py::list out;
+    for (const ExplainedRoute& r : explain_stop_collecting()) out.append(py::make_tuple(r.op, r.route, r.detail, r.count));
+    return out;
+  });
+  m.def("explaining", &explaining);
+  m.def("explain_route", [](const std::string& op, const std::string& route, const std::string& detail) {
+    if (explaining()) report_route(op, route, detail);
+  });
+  // ---- kernels at dispatch keys every device goes through (torchtpu/_patches.py lists them) ---
+  m.def("kernel_overrides", [] {
+    py::list out;
+    for (const KernelOverrideInfo& info : kernel_overrides()) {
+      py::dict d;
+      d["name"] = info.name;
+      d["key"] = info.key;
+      d["rule"] = info.rule;
+      d["replaces"] = info.replaces;
+      d["ops"] = info.ops;
+      d["active"] = info.active;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("restore_kernel_override", &restore_kernel_override);
+  m.def("check_kernel_override", [](const std::string& name, const std::string& op, const std::string& key,
+                                    bool replaces) {
+    check_kernel_override(name, op, c10::parseDispatchKey(key),
+                          replaces ? OverrideKind::Replaces : OverrideKind::Adds);
+  });
   m.def("platform", [] { return runtime().platform(); });
   m.def("runtime_version", [] { return runtime().version(); });
   m.def("device_count", [] { return device_count(); });
@@ -361,12 +406,13 @@ PYBIND11_MODULE(_C, m) {
     capture_begin(tensors);
   });
   m.def("capture_abort", &capture_abort);
-  m.def("capture_end", [](const py::sequence& inputs, const py::sequence& outputs) -> py::object {
+  m.def("capture_end", [](const py::sequence& inputs, const py::sequence& outputs,
+                          const std::vector<std::pair<int, int>>& updates) -> py::object {
     auto ins = tensors_of(inputs), outs = tensors_of(outputs);
     CapturePtr capture;
     {
       py::gil_scoped_release release;
-      capture = capture_end(ins, outs);
+      capture = capture_end(ins, outs, updates);
     }
     if (!capture) return py::none();
     std::vector<at::Tensor> first;

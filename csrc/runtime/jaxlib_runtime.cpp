@@ -96,8 +96,9 @@ class DeferredInterrupt {
 };
 
 struct JaxBuffer final : DeviceBuffer {
-  py::object array;
-  JaxBuffer(py::object a, TensorType t, int d) : DeviceBuffer(std::move(t), d), array(std::move(a)) {}
+  py::object array;  // a sharded buffer's is a global jax.Array over its mesh's devices
+  JaxBuffer(py::object a, TensorType t, int d, ShardingPtr s = nullptr)
+      : DeviceBuffer(std::move(t), d, std::move(s)), array(std::move(a)) {}
   ~JaxBuffer() override {
     // Leak rather than crash when the interpreter is gone, or hang in a forked child whose
     // client has lost its threads.
@@ -119,7 +120,13 @@ struct JaxExecutable final : Executable {
   py::object execute_sharded;
   py::object result_handlers;  // a list, once has_handlers
   bool has_handlers = false;
-  explicit JaxExecutable(py::object e) : exe(std::move(e)) { execute_sharded = exe.attr("execute_sharded"); }
+  // A partitioned executable (CompileOptions::mesh): its results' shardings, read from the
+  // compiled executable at the first launch.
+  MeshPtr mesh;
+  std::vector<ShardingPtr> result_shardings;
+  JaxExecutable(py::object e, MeshPtr m) : exe(std::move(e)), mesh(std::move(m)) {
+    execute_sharded = exe.attr("execute_sharded");
+  }
   ~JaxExecutable() override {
     if (!python_alive() || runtime_forked()) {
       exe.release();
@@ -163,6 +170,13 @@ DLDataType dlpack_dtype(DType dtype) {
   return t;
 }
 
+// Whether a module's text holds float16 or bfloat16 values.
+bool has_reduced_precision_floats(const std::string& module_text) {
+  for (const char* type : {"xf16>", "<f16>", "xbf16>", "<bf16>"})
+    if (module_text.find(type) != std::string::npos) return true;
+  return false;
+}
+
 class JaxlibRuntime final : public Runtime {
  public:
   JaxlibRuntime(py::object client, std::string platform, const ProcessLayout& layout)
@@ -171,11 +185,18 @@ class JaxlibRuntime final : public Runtime {
     jax_module_ = py::module_::import("jax._src.lib").attr("_jax");
     // Looked up once: attr("name") per launch would build the name's Python string each time.
     consume_with_handlers_ = jax_module_.attr("ExecuteResults").attr("consume_with_handlers");
+    // array_result_handler's private `_skip_checks` (result_handler_like).
+    handlers_take_skip_checks_ =
+        py::module_::import("jax._src.lib").attr("jaxlib_extension_version").cast<int>() < 489;
     devices_ = node_local_devices(client_.attr("local_devices")().cast<py::list>(), layout);
     py::object version = py::module_::import("jaxlib.version").attr("__version__");
     version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
                client_.attr("platform_version").cast<std::string>();
+    // The version keys the disk cache: executables compiled before compile_options turned
+    // YNNPACK's fusions off stay apart.
+    if (platform_ == "cpu") version_ += " (no YNNPACK fusions for float16/bfloat16)";
     numpy_ = py::module_::import("numpy");
+    make_array_from_single_device_arrays_ = py::module_::import("jax").attr("make_array_from_single_device_arrays");
     if (platform_ != "cpu") {
       // Host data reaches an accelerator through the CPU client (DLPack keeps int64 and
       // bfloat16 intact) and jax's device_put, which copies it over.
@@ -199,12 +220,12 @@ class JaxlibRuntime final : public Runtime {
   ExecutablePtr compile(const std::string& module_text, const CompileOptions& options) override {
     py::gil_scoped_acquire gil;
     try {
-      py::list devices;
-      devices.append(local_device(options.device));
+      py::list devices = executable_devices(options);
       DeferredInterrupt defer;
       py::object exe =
-          client_.attr("compile_and_load")(py::bytes(module_text), devices, compile_options(options));
-      return std::make_shared<JaxExecutable>(std::move(exe));
+          client_.attr("compile_and_load")(py::bytes(module_text), devices,
+                                           compile_options(options, has_reduced_precision_floats(module_text)));
+      return std::make_shared<JaxExecutable>(std::move(exe), options.mesh);
     } catch (py::error_already_set& e) {
       rethrow("compiling a graph", e);
     }
@@ -220,16 +241,61 @@ class JaxlibRuntime final : public Runtime {
       DeferredInterrupt defer;
       py::object results = jax_exe.execute_sharded(arrays);
       py::list per_output = jax_exe.has_handlers ? py::list(consume_with_handlers_(results, jax_exe.result_handlers))
+                            : jax_exe.mesh       ? first_partitioned_results(jax_exe, results, result_types)
                                                  : first_results(jax_exe, results);
       if (per_output.size() != result_types.size())
         throw std::runtime_error("torchtpu: executable returned an unexpected number of results");
       std::vector<BufferPtr> out;
       out.reserve(result_types.size());
       for (size_t i = 0; i < result_types.size(); ++i)
-        out.push_back(std::make_shared<JaxBuffer>(per_output[i], result_types[i], device));
+        out.push_back(std::make_shared<JaxBuffer>(per_output[i], result_types[i], device,
+                                                  jax_exe.mesh ? jax_exe.result_shardings[i] : nullptr));
       return out;
     } catch (py::error_already_set& e) {
       rethrow("running a graph", e);
+    }
+  }
+
+  BufferPtr assemble_sharded(const TensorType& global, ShardingPtr sharding,
+                             const std::vector<BufferPtr>& shards) override {
+    const std::vector<int>& devices = sharding->mesh->devices;
+    if (shards.size() != devices.size())
+      throw std::logic_error("torchtpu: assemble_sharded got " + std::to_string(shards.size()) + " shards for " +
+                             std::to_string(devices.size()) + " devices");
+    py::gil_scoped_acquire gil;
+    try {
+      py::list arrays;
+      for (size_t p = 0; p < shards.size(); ++p) {
+        if (shards[p]->device != devices[p] || shards[p]->sharding ||
+            shards[p]->type.shape != sharding->shard_shape(global.shape, static_cast<int>(p)))
+          throw std::logic_error("torchtpu: assemble_sharded got a shard of the wrong device or shape");
+        arrays.append(static_cast<JaxBuffer&>(*shards[p]).array);
+      }
+      py::object array = make_array_from_single_device_arrays_(py::tuple(py::cast(global.shape)),
+                                                               jax_sharding(*sharding), arrays);
+      return std::make_shared<JaxBuffer>(std::move(array), global, devices.front(), std::move(sharding));
+    } catch (py::error_already_set& e) {
+      rethrow("assembling a sharded tensor", e);
+    }
+  }
+
+  std::vector<BufferPtr> shards_of(const DeviceBuffer& buffer) override {
+    if (!buffer.sharding) throw std::logic_error("torchtpu: shards_of a buffer that is not sharded");
+    const Sharding& sharding = *buffer.sharding;
+    py::gil_scoped_acquire gil;
+    try {
+      std::map<int, py::object> by_device;
+      for (py::handle shard : static_cast<const JaxBuffer&>(buffer).array.attr("addressable_shards"))
+        by_device[device_index(shard.attr("device"))] = shard.attr("data");
+      std::vector<BufferPtr> out;
+      for (size_t p = 0; p < sharding.mesh->devices.size(); ++p) {
+        int device = sharding.mesh->devices[p];
+        TensorType type{sharding.shard_shape(buffer.type.shape, static_cast<int>(p)), buffer.type.dtype};
+        out.push_back(std::make_shared<JaxBuffer>(by_device.at(device), type, device));
+      }
+      return out;
+    } catch (py::error_already_set& e) {
+      rethrow("reading the shards of a sharded tensor", e);
     }
   }
 
@@ -315,6 +381,10 @@ class JaxlibRuntime final : public Runtime {
   }
 
   void download_bytes(const DeviceBuffer& buffer, void* out) override {
+    if (buffer.sharding) {  // a partitioned executable's check flags: every device holds them all
+      if (!buffer.sharding->is_replicated()) throw std::logic_error("torchtpu: download_bytes of a sharded buffer");
+      return download_bytes(*shards_of(buffer).front(), out);
+    }
     DLManagedTensor* managed = download(buffer);
     py::gil_scoped_acquire gil;  // the deleter may release Python objects
     const DLTensor& t = managed->dl_tensor;
@@ -373,13 +443,11 @@ class JaxlibRuntime final : public Runtime {
   ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options) override {
     py::gil_scoped_acquire gil;
     try {
-      py::list devices;
-      devices.append(local_device(options.device));
-      py::object device_list = jax_module_.attr("DeviceList")(py::tuple(devices));
+      py::object device_list = jax_module_.attr("DeviceList")(py::tuple(executable_devices(options)));
       DeferredInterrupt defer;
       py::object exe =
           client_.attr("deserialize_executable")(py::bytes(bytes), device_list, compile_options(options));
-      return std::make_shared<JaxExecutable>(std::move(exe));
+      return std::make_shared<JaxExecutable>(std::move(exe), options.mesh);
     } catch (py::error_already_set& e) {
       rethrow("loading a cached executable", e);
     }
@@ -410,6 +478,10 @@ class JaxlibRuntime final : public Runtime {
 
   std::vector<int64_t> read_int64(const DeviceBuffer& buffer) override {
     if (buffer.type.dtype != DType::Int64) throw std::logic_error("torchtpu: read_int64 of a non-int64 buffer");
+    if (buffer.sharding) {  // replicated: every device holds it all
+      if (!buffer.sharding->is_replicated()) throw std::logic_error("torchtpu: read_int64 of a sharded buffer");
+      return read_int64(*shards_of(buffer).front());
+    }
     DLManagedTensor* host = download(buffer);
     const auto* data = static_cast<const int64_t*>(host->dl_tensor.data) + host->dl_tensor.byte_offset / 8;
     std::vector<int64_t> contents(data, data + buffer.type.numel());
@@ -475,14 +547,40 @@ class JaxlibRuntime final : public Runtime {
     return devices_[device];
   }
 
-  // Options that bind an executable to one device, or to the replicas' devices for a module
-  // with collectives (this process runs the replica whose device is its own).
-  py::object compile_options(const CompileOptions& compile) {
+  // The devices an executable is loaded on: its device, or its mesh's.
+  py::list executable_devices(const CompileOptions& options) const {
+    py::list devices;
+    if (!options.mesh) devices.append(local_device(options.device));
+    else for (int d : options.mesh->devices) devices.append(local_device(d));
+    return devices;
+  }
+
+  // Options that bind an executable to one device, to the replicas' devices for a module
+  // with collectives (this process runs the replica whose device is its own), or to a mesh
+  // (one replica, a partition per device, XLA's SPMD partitioner).
+  // `reduced_precision_floats`: the module holds float16/bfloat16 values (only a compile reads it).
+  py::object compile_options(const CompileOptions& compile, bool reduced_precision_floats = false) {
     const std::vector<int64_t>& replica_devices = compile.replica_devices;
     py::object options = xla_client_.attr("CompileOptions")();
     py::object build = options.attr("executable_build_options");
     py::tuple rows;
-    if (replica_devices.empty()) {
+    if (compile.mesh) {
+      int partitions = static_cast<int>(compile.mesh->devices.size());
+      options.attr("num_replicas") = 1;
+      options.attr("num_partitions") = partitions;
+      build.attr("num_replicas") = 1;
+      build.attr("num_partitions") = partitions;
+      build.attr("use_spmd_partitioning") = true;
+      // Results whose layout is not fixed get the one propagation gives them (as jax.jit's
+      // unspecified out_shardings), not a replicated copy.
+      py::list propagate;
+      for (bool fixed : compile.fixed_result_layouts) propagate.append(!fixed);
+      if (compile.fixed_result_layouts.empty()) propagate.append(true);
+      build.attr("allow_spmd_sharding_propagation_to_output") = py::tuple(propagate);
+      py::tuple row(partitions);
+      for (int p = 0; p < partitions; ++p) row[p] = local_device(compile.mesh->devices[p]).attr("id");
+      rows = py::make_tuple(row);
+    } else if (replica_devices.empty()) {
       rows = py::make_tuple(py::make_tuple(local_device(compile.device).attr("id")));
     } else {
       int replicas = static_cast<int>(replica_devices.size());
@@ -500,8 +598,27 @@ class JaxlibRuntime final : public Runtime {
     py::list overrides;
     overrides.append(py::make_tuple("xla_allow_excess_precision", compile.excess_precision));
     for (const auto& [name, value] : kFixedXlaOptions) overrides.append(py::make_tuple(name, value));
+    // XLA:CPU hands reductions and dots, with the elementwise ops next to them, to YNNPACK (a
+    // "__ynn_fusion"), which keeps float16/bfloat16 intermediates unrounded whatever
+    // xla_allow_excess_precision says (jaxlib 0.10): bfloat16 (x * y).mean(-1) summed the
+    // unrounded products, and LIBRARY_FUSION_TYPE_DOT fused (x @ y) * 0.1 without rounding the
+    // product. An empty list turns them off; only for modules with such values: float32 modules
+    // keep them (without, bench/run.py's GPT and ResNet steps took 2-15% longer).
+    if (platform_ == "cpu" && reduced_precision_floats && !compile.excess_precision)
+      overrides.append(py::make_tuple("xla_cpu_experimental_ynn_fusion_type", ""));
     options.attr("env_option_overrides") = overrides;
     return options;
+  }
+
+  // jaxlib's handler that wraps a later launch's result like `array` (its type and sharding).
+  // jaxlib 0.12 (extension version 489) dropped the private `_skip_checks` argument; jax's own
+  // array.py passes it only below that version.
+  py::object result_handler_like(py::handle array) {
+    py::object make_handler = jax_module_.attr("array_result_handler");
+    if (handlers_take_skip_checks_)
+      return make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true,
+                          py::arg("_skip_checks") = true);
+    return make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true);
   }
 
   // An executable's first results, split per output by jaxlib; their types and shardings
@@ -509,16 +626,79 @@ class JaxlibRuntime final : public Runtime {
   py::list first_results(JaxExecutable& exe, py::object results) {
     py::list per_output;
     py::list handlers;
-    py::object make_handler = jax_module_.attr("array_result_handler");
     for (py::handle shards : py::list(results.attr("disassemble_into_single_device_arrays")())) {
       py::object array = py::reinterpret_borrow<py::list>(shards)[0];
       per_output.append(array);
-      handlers.append(make_handler(array.attr("aval"), array.attr("sharding"), py::arg("committed") = true,
-                                   py::arg("_skip_checks") = true));
+      handlers.append(result_handler_like(array));
     }
     exe.result_handlers = handlers;
     exe.has_handlers = true;
     return per_output;
+  }
+
+  // The first results of a partitioned executable: one global array per result, made from
+  // its per-device shards with the sharding the compiler chose; the handlers of later launches
+  // come from them.
+  py::list first_partitioned_results(JaxExecutable& exe, py::object results, const std::vector<TensorType>& types) {
+    py::object reported = exe.exe.attr("get_output_shardings")();  // None for a mesh of one device
+    py::list per_device = results.attr("disassemble_into_single_device_arrays")();
+    if ((!reported.is_none() && py::len(reported) != types.size()) || per_device.size() != types.size())
+      throw std::runtime_error("torchtpu: a partitioned executable returned an unexpected number of results");
+    py::list per_output;
+    py::list handlers;
+    py::object from_proto = xla_client_.attr("HloSharding").attr("from_proto");
+    exe.result_shardings.clear();
+    for (size_t i = 0; i < types.size(); ++i) {
+      auto sharding = std::make_shared<Sharding>(
+          reported.is_none() ? Sharding::replicated(exe.mesh, types[i].rank())
+                             : sharding_of(from_proto(reported[py::int_(i)]), exe.mesh, types[i].rank()));
+      py::object array = make_array_from_single_device_arrays_(py::tuple(py::cast(types[i].shape)),
+                                                               jax_sharding(*sharding), per_device[i]);
+      per_output.append(array);
+      handlers.append(result_handler_like(array));
+      exe.result_shardings.push_back(std::move(sharding));
+    }
+    exe.result_handlers = handlers;
+    exe.has_handlers = true;
+    return per_output;
+  }
+
+  // The sharding jaxlib's HloSharding describes, over `mesh` (its device numbers are
+  // partitions). Tiled and replicated shardings only: XLA gives nothing else to results of
+  // modules whose arguments are tiled or replicated.
+  static Sharding sharding_of(py::handle hlo, const MeshPtr& mesh, int64_t rank) {
+    if (hlo.attr("is_replicated")().cast<bool>()) return Sharding::replicated(mesh, rank);
+    std::string text = py::str(hlo);
+    if (!hlo.attr("is_tiled")().cast<bool>() || py::len(hlo.attr("subgroup_types")()) > 0)
+      throw std::runtime_error("torchtpu: XLA chose a sharding torchtpu cannot hold: " + text);
+    Sharding s;
+    s.mesh = mesh;
+    s.tiles = hlo.attr("tile_assignment_dimensions")().cast<std::vector<int64_t>>();
+    if (hlo.attr("replicate_on_last_tile_dim")().cast<bool>()) {
+      s.replicas = s.tiles.back();
+      s.tiles.pop_back();
+    }
+    s.tile_assignment = hlo.attr("tile_assignment_devices")().cast<std::vector<int>>();
+    try {
+      s.validate(rank);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(std::string(e.what()) + " (XLA's sharding " + text + ")");
+    }
+    return s;
+  }
+
+  // jax's sharding object for a sharding (cached: a replicated scalar pack needs one per launch).
+  py::object jax_sharding(const Sharding& sharding) {
+    std::string key = sharding.hlo() + " on";
+    for (int d : sharding.mesh->devices) key += " " + std::to_string(d);
+    auto it = jax_shardings_.find(key);
+    if (it != jax_shardings_.end()) return it->second;
+    static py::object& gspmd = *new py::object(py::module_::import("jax._src.sharding_impls").attr("GSPMDSharding"));
+    py::tuple devices(sharding.mesh->devices.size());
+    for (size_t p = 0; p < sharding.mesh->devices.size(); ++p) devices[p] = local_device(sharding.mesh->devices[p]);
+    py::object made = gspmd(devices, xla_client_.attr("HloSharding").attr("from_string")(sharding.hlo()));
+    jax_shardings_.emplace(key, made);
+    return made;
   }
 
   py::object client_;
@@ -528,7 +708,10 @@ class JaxlibRuntime final : public Runtime {
   py::object host_device_;
   py::object device_put_;
   py::object consume_with_handlers_;
+  bool handlers_take_skip_checks_ = false;
   std::vector<py::object> devices_;
+  std::map<std::string, py::object> jax_shardings_;
+  py::object make_array_from_single_device_arrays_;
   std::string platform_;
   std::string version_;
 };

@@ -46,11 +46,24 @@ struct CompileOptions {
   // Whether XLA may keep a fused chain's float16/bfloat16 intermediates unrounded (XLA's
   // xla_allow_excess_precision). Off: each op's result is rounded, as in eager PyTorch.
   bool excess_precision = false;
+  // Single-process SPMD: the mesh a partitioned module runs on, one replica and one partition
+  // per mesh device (partition p on tpu:mesh->devices[p]). XLA's SPMD partitioner reads the
+  // arguments' `mhlo.sharding` attributes from the module text, inserts the collectives and
+  // chooses the shardings of results that have none. Null: a module of one device.
+  MeshPtr mesh;
+  // Of a partitioned module, per result: whether its mhlo.sharding in the module must be kept
+  // (a result aliasing a donated argument, a sharding the user asked for) rather than
+  // replaced by the one propagation chooses. Decided by the module text, so not in describe().
+  std::vector<bool> fixed_result_layouts;
   std::string describe() const {
     std::string out = "device=" + std::to_string(device) + " excess_precision=" + (excess_precision ? "1" : "0");
     if (!replica_devices.empty()) {
       out += " replicas=";
       for (int64_t id : replica_devices) out += std::to_string(id) + ",";
+    }
+    if (mesh) {
+      out += " partitions=";
+      for (int d : mesh->devices) out += std::to_string(d) + ",";
     }
     return out;
   }
@@ -87,12 +100,15 @@ class Runtime {
   // Copies raw host bytes to the device.
   virtual BufferPtr upload_bytes(const void* data, const TensorType& type, int device) = 0;
   // Returns host-readable memory for the buffer, waiting for it; the caller owns the result
-  // and must copy the data before releasing it.
+  // and must copy the data before releasing it. Single-device buffers only (a sharded one is
+  // read through shards_of).
   virtual DLManagedTensor* download(const DeviceBuffer& buffer) = 0;
   virtual void wait(const DeviceBuffer& buffer) = 0;
   // Whether the buffer's contents are computed (never waits).
   virtual bool is_ready(const DeviceBuffer& buffer) = 0;
   // Copies the buffer's contents (row-major, type.nbytes() bytes) to `out`, waiting for them.
+  // Also of a buffer replicated over a mesh (one copy is read): a partitioned executable's
+  // runtime-check flags.
   virtual void download_bytes(const DeviceBuffer& buffer, void* out) = 0;
   // Bytes of device memory the device can hold (its allocator's limit; the host's memory on
   // the CPU platform).
@@ -123,6 +139,25 @@ class Runtime {
   // once the runtime no longer uses the memory, on whichever thread drops it.
   virtual BufferPtr view_of(void* data, const TensorType& type, int device, std::function<void()> release) {
     throw std::logic_error("torchtpu: this runtime cannot view foreign buffers");
+  }
+
+  // ---- single-process SPMD (one partitioned executable over a mesh of local devices) -----
+  // An executable compiled with CompileOptions::mesh takes sharded buffers in execute() (each
+  // laid out as its argument's mhlo.sharding says: a replicated argument is a buffer
+  // replicated over the mesh), and returns sharded buffers whose `sharding` is the one the
+  // compiler chose for each result (mesh: the compile's). `device` is the mesh's first device.
+  //
+  // A sharded buffer of the global type made of one single-device buffer per partition:
+  // shards[p] is on tpu:sharding->mesh->devices[p] and has the type of that partition's
+  // shard (sharding->shard_shape). The result may share the shards' memory.
+  virtual BufferPtr assemble_sharded(const TensorType& global, ShardingPtr sharding,
+                                     const std::vector<BufferPtr>& shards) {
+    throw std::logic_error("torchtpu: runtime " + version() + " cannot hold tensors sharded over several devices");
+  }
+  // The single-device buffers of a sharded buffer, one per partition in mesh order (a
+  // replicated shard appears once per device holding it). They may share the buffer's memory.
+  virtual std::vector<BufferPtr> shards_of(const DeviceBuffer& buffer) {
+    throw std::logic_error("torchtpu: runtime " + version() + " cannot hold tensors sharded over several devices");
   }
 
   // ---- multi-process jobs (one device per process; torch.distributed) --------------------

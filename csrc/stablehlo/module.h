@@ -23,6 +23,9 @@ class ModuleBuilder {
   // Sets an attribute of argument `index`: (p, "tf.aliasing_output", "0 : i32") donates
   // its buffer to result 0.
   void set_argument_attribute(size_t index, const std::string& name, const std::string& value);
+  size_t argument_count() const { return arguments_.size(); }
+  // Sets an attribute of result `index` of @main: (0, "mhlo.sharding", "\"{replicated}\"").
+  void set_result_attribute(size_t index, const std::string& name, const std::string& value);
 
   // The module's text: @main(arguments) -> types of `results`, with `body` (ops that
   // compute `results` from the arguments), then `functions` (definitions the body calls).
@@ -35,6 +38,7 @@ class ModuleBuilder {
   };
   std::map<std::string, std::string> attributes_;  // printed sorted by name
   std::vector<Argument> arguments_;
+  std::map<size_t, std::vector<std::pair<std::string, std::string>>> result_attributes_;
 };
 
 }  // namespace torchtpu

@@ -6,8 +6,9 @@ CCACHE      := $(shell command -v ccache 2>/dev/null)
 JOBS        ?= $(shell nproc)
 CPPTEST_OPT ?= -O0
 
-SOURCES := $(sort $(wildcard csrc/base/*.cpp csrc/ir/*.cpp csrc/stablehlo/*.cpp csrc/lowering/*.cpp \
-                             csrc/engine/*.cpp)) csrc/runtime/runtime.cpp $(wildcard tests/cpp/*.cpp)
+# The common library's sources (tools/sources.mk: every csrc file without torch or Python).
+include tools/sources.mk
+SOURCES := $(CORE_SOURCES) $(wildcard tests/cpp/*.cpp)
 OBJECTS := $(patsubst %.cpp,build/cpptest/%.o,$(SOURCES))
 BINARY  := build/cpptest/engine_test
 
@@ -25,6 +26,6 @@ build/cpptest/%.o: %.cpp
 
 $(BINARY): $(OBJECTS)
 	@echo "  LINK $@"
-	@$(CXX) -o $@ $(OBJECTS) -pthread
+	@$(CXX) -o $@ $(OBJECTS) -ldl -pthread
 
 -include $(OBJECTS:.o=.d)

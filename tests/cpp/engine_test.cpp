@@ -39,6 +39,7 @@ struct FakeBuffer final : DeviceBuffer {
 
 struct FakeExecutable final : Executable {
   std::string text;
+  MeshPtr mesh;  // partitioned: its results are replicated over it
 };
 
 // Compiles nothing and computes nothing: remembers what the engine asked for.
@@ -49,6 +50,7 @@ class FakeRuntime final : public Runtime {
   std::vector<std::string> compiled;           // module texts, in order
   std::vector<size_t> launch_arg_counts;       // per execute: number of arguments
   std::vector<std::vector<char>> uploads;      // bytes of every upload_bytes
+  std::vector<CompileOptions> compile_options; // per compile, in order
 
   const std::string& platform() const override { return platform_; }
   int device_count() const override { return 1; }
@@ -62,12 +64,18 @@ class FakeRuntime final : public Runtime {
     if (options.device != 0) throw std::logic_error("fake runtime: device " + std::to_string(options.device));
     if (!reject.empty() && contains(text, reject)) throw std::runtime_error("fake compiler rejects " + reject);
     compiled.push_back(text);
+    compile_options.push_back(options);
     auto exe = std::make_shared<FakeExecutable>();
     exe->text = text;
+    exe->mesh = options.mesh;
     return exe;
   }
-  std::vector<BufferPtr> execute(Executable&, const std::vector<BufferPtr>& args,
+  std::vector<BufferPtr> execute(Executable& exe, const std::vector<BufferPtr>& args,
                                  const std::vector<TensorType>& result_types, int device) override {
+    const MeshPtr& mesh = static_cast<FakeExecutable&>(exe).mesh;
+    for (const BufferPtr& a : args)
+      if (a && static_cast<bool>(mesh) != static_cast<bool>(a->sharding))
+        throw std::logic_error("fake runtime: a partitioned executable takes sharded buffers only, others none");
     for (const BufferPtr& a : args)
       if (!a || static_cast<FakeBuffer&>(*a).deleted)
         throw std::logic_error("fake runtime: a null or deleted argument (a donated buffer used again?)");
@@ -78,8 +86,17 @@ class FakeRuntime final : public Runtime {
     }
     launch_arg_counts.push_back(args.size());
     std::vector<BufferPtr> out;
-    for (const TensorType& t : result_types) out.push_back(std::make_shared<FakeBuffer>(t, device));
+    for (const TensorType& t : result_types)
+      out.push_back(std::make_shared<FakeBuffer>(
+          t, device, mesh ? std::make_shared<Sharding>(Sharding::replicated(mesh, t.rank())) : nullptr));
     return out;
+  }
+  BufferPtr assemble_sharded(const TensorType& global, ShardingPtr sharding, const std::vector<BufferPtr>& shards) override {
+    for (size_t p = 0; p < shards.size(); ++p)
+      if (shards[p]->device != sharding->mesh->devices[p] ||
+          shards[p]->type.shape != sharding->shard_shape(global.shape, static_cast<int>(p)))
+        throw std::logic_error("fake runtime: a shard of the wrong device or shape");
+    return std::make_shared<FakeBuffer>(global, sharding->mesh->devices[0], std::move(sharding));
   }
   BufferPtr upload(DLManagedTensor*, const TensorType&, int) override {
     throw std::logic_error("fake runtime: no DLPack uploads");
@@ -502,6 +519,108 @@ void test_stablehlo_calls_are_inlined_once(FakeRuntime& rt) {
   CHECK(contains(text, "= \"func.call\"(%0#0, %arg1) {callee = @\"" + key + "_main\"}"));
 }
 
+MeshPtr mesh_of(std::vector<int> devices) {
+  auto mesh = std::make_shared<Mesh>();
+  mesh->shape = {static_cast<int64_t>(devices.size())};
+  mesh->axis_names = {"data"};
+  mesh->devices = std::move(devices);
+  return mesh;
+}
+
+// A (4, 2) mesh, ("data", None) on a [10, 3] tensor: rows in 4 pieces, 2 copies of each.
+void test_sharding_text_and_shard_bounds() {
+  auto mesh = std::make_shared<Mesh>(Mesh{{0, 1, 2, 3, 4, 5, 6, 7}, {4, 2}, {"data", "model"}});
+  Sharding s;
+  s.mesh = mesh;
+  s.tiles = {4, 1};
+  s.replicas = 2;
+  s.tile_assignment = {0, 1, 2, 3, 4, 5, 6, 7};
+  s.validate(2);
+  CHECK(s.hlo() == "{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}");
+  CHECK(mesh->describe() == "mesh (4, 2) ('data', 'model') over tpu:0..7");
+  // ceil(10 / 4) = 3 rows per piece: partitions 6 and 7 hold the last row only.
+  CHECK((s.shard_bounds({10, 3}, 0) == std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {0, 3}}));
+  CHECK((s.shard_bounds({10, 3}, 3) == std::vector<std::pair<int64_t, int64_t>>{{3, 3}, {0, 3}}));
+  CHECK((s.shard_shape({10, 3}, 7) == std::vector<int64_t>{1, 3}));
+  CHECK(Sharding::replicated(mesh, 2).hlo() == "{replicated}");
+  CHECK(!(s == Sharding::replicated(mesh, 2)));
+  Sharding wrong = s;
+  wrong.replicas = 1;  // 4 tiles for 8 devices
+  bool raised = false;
+  try {
+    wrong.validate(2);
+  } catch (const std::invalid_argument& e) {
+    raised = contains(e.what(), "do not cover the 8 devices");
+  }
+  CHECK(raised);
+}
+
+ValuePtr sharded_input(FakeRuntime& rt, const MeshPtr& mesh, const TensorType& type) {
+  auto sharding = std::make_shared<Sharding>();
+  sharding->mesh = mesh;
+  sharding->tiles.assign(type.shape.size(), 1);
+  sharding->tiles[0] = static_cast<int64_t>(mesh->devices.size());
+  for (size_t p = 0; p < mesh->devices.size(); ++p) sharding->tile_assignment.push_back(static_cast<int>(p));
+  std::vector<BufferPtr> shards;
+  for (size_t p = 0; p < mesh->devices.size(); ++p) {
+    TensorType piece{sharding->shard_shape(type.shape, static_cast<int>(p)), type.dtype};
+    std::vector<float> data(piece.numel(), 1.0f);
+    shards.push_back(rt.upload_bytes(data.data(), piece, mesh->devices[p]));
+  }
+  return Engine::get().from_buffer(rt.assemble_sharded(type, sharding, shards));
+}
+
+// Values on a mesh compile to one partitioned module: arguments carry their layout, a value
+// of one device and the scalar packs arrive replicated, a donated parameter's result keeps
+// its layout; values of the device alone compile apart, without partitions.
+void test_mesh_values_compile_to_one_partitioned_module(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  e.set_mode(Mode::Fused);
+  MeshPtr mesh = mesh_of({0, 1});
+  TensorType matrix{{4, 3}, DType::Float32};
+  ValuePtr x = sharded_input(rt, mesh, matrix);
+  ValuePtr y = input(rt, matrix);  // tpu:0 alone
+  CHECK(x->mesh == mesh && !y->mesh);
+  ValuePtr sum = e.record(op("aten::add.Tensor"), {Arg::tensor(0), Arg::tensor(1), Arg::integer(1)}, {x, y},
+                          {matrix}, 0)[0];
+  ValuePtr scaled = e.record(op("aten::mul.Scalar"), {Arg::tensor(0), Arg::real(0.25, /*lifted=*/true)}, {sum},
+                             {matrix}, 0)[0];
+  ValuePtr alone = e.record(op("aten::mul.Scalar"), {Arg::tensor(0), Arg::real(0.5, /*lifted=*/true)}, {y},
+                            {matrix}, 0)[0];
+  CHECK(scaled->mesh == mesh && !alone->mesh);
+  x.reset();  // nothing else holds it: donated
+  sum.reset();  // an intermediate
+  size_t before = rt.compiled.size();
+  e.sync(false);
+  CHECK(rt.compiled.size() == before + 2);
+  const std::string& partitioned = rt.compiled[before];  // meshes first
+  CHECK(rt.compile_options[before].mesh == mesh);
+  CHECK(rt.compile_options[before].fixed_result_layouts == std::vector<bool>{true});  // the donated one
+  CHECK(contains(partitioned, "mhlo.num_partitions = 2 : i32"));
+  CHECK(contains(partitioned, "%arg0: tensor<4x3xf32> {tf.aliasing_output = 0 : i32, mhlo.sharding = \"{devices=[2,1]0,1}\"}"));
+  CHECK(contains(partitioned, "%arg1: tensor<4x3xf32> {mhlo.sharding = \"{replicated}\"}"));
+  CHECK(contains(partitioned, "%scalars_f: tensor<1xf64> {mhlo.sharding = \"{replicated}\"}"));
+  CHECK(contains(partitioned, "-> (tensor<4x3xf32> {mhlo.sharding = \"{devices=[2,1]0,1}\"})"));
+  const std::string& single = rt.compiled[before + 1];
+  CHECK(!rt.compile_options[before + 1].mesh);
+  CHECK(contains(single, "mhlo.num_partitions = 1 : i32") && !contains(single, "mhlo.sharding"));
+  CHECK(scaled->buffer && scaled->buffer->sharding && alone->buffer && !alone->buffer->sharding);
+}
+
+void test_values_of_two_meshes_raise(FakeRuntime& rt) {
+  Engine& e = Engine::get();
+  TensorType matrix{{4, 3}, DType::Float32};
+  ValuePtr a = sharded_input(rt, mesh_of({0, 1}), matrix);
+  ValuePtr b = sharded_input(rt, mesh_of({0, 2}), matrix);
+  std::string message;
+  try {
+    e.record(op("aten::add.Tensor"), {Arg::tensor(0), Arg::tensor(1), Arg::integer(1)}, {a, b}, {matrix}, 0);
+  } catch (const std::invalid_argument& err) {
+    message = err.what();
+  }
+  CHECK(contains(message, "two meshes, mesh (2,) ('data',) over tpu:0..1 and mesh (2,) ('data',) over tpu:0,2"));
+}
+
 }  // namespace
 
 int main() {
@@ -522,6 +641,9 @@ int main() {
     test_a_failed_compile_is_a_transaction(*rt);
     test_a_failed_run_is_a_transaction(*rt);
     test_a_result_larger_than_the_device_raises_at_the_op(*rt);
+    test_sharding_text_and_shard_bounds();
+    test_mesh_values_compile_to_one_partitioned_module(*rt);
+    test_values_of_two_meshes_raise(*rt);
   } catch (const std::exception& err) {
     std::fprintf(stderr, "unexpected exception: %s\n", err.what());
     return 1;

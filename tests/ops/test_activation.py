@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from utils import check, check_error
+from utils import HALF_PRECISION, check, check_error
 
 torch.manual_seed(0)
 X = torch.cat([torch.randn(3, 8), torch.tensor([[0.5, -0.5, 0.0, -0.0, float("nan"), 2.0, -3.0, 0.4999]])]).requires_grad_()
@@ -23,7 +23,7 @@ def test_prelu(mode):
 
 def test_half_types(mode):
     for dtype in (torch.bfloat16, torch.float16):
-        check(lambda x: (F.glu(x), F.softshrink(x), F.hardshrink(x)), X.detach().to(dtype), rtol=1e-2, atol=1e-2)
+        check(lambda x: (F.glu(x), F.softshrink(x), F.hardshrink(x)), X.detach().to(dtype), **HALF_PRECISION)  # measured equal
 
 
 def test_rrelu_training_draws_slopes_in_range(mode):
@@ -63,7 +63,7 @@ def test_rrelu_half_types_that_cpu_computes(mode):
     for dtype in (torch.float16, torch.bfloat16):
         check(lambda x: (F.rrelu(x, training=False), F.rrelu(x, 0.2, 0.6, training=False),
                          torch.ops.aten.rrelu_with_noise(x, torch.zeros_like(x), 0.1, 0.3, False)),
-              X.detach().to(dtype), rtol=1e-2, atol=1e-2)
+              X.detach().to(dtype), **HALF_PRECISION)  # measured equal
     x = torch.randn(1000, dtype=torch.bfloat16)
     y = F.rrelu(x.to("tpu"), 0.1, 0.3, training=True).cpu()
     assert y.dtype == torch.bfloat16
@@ -71,3 +71,10 @@ def test_rrelu_half_types_that_cpu_computes(mode):
     assert torch.equal(y[~neg], x[~neg])
     slopes = y[neg].float() / x[neg].float()
     assert slopes.min() >= 0.1 - 2e-2 and slopes.max() <= 0.3 + 2e-2
+
+
+def test_relu_backward_passes_the_gradient_at_nan(mode):
+    # CPU's threshold_backward is `x <= threshold ? 0 : grad`: a NaN input keeps its gradient.
+    x = torch.tensor([float("nan"), -1.0, 0.0, 2.0, float("inf"), float("-inf")], requires_grad=True)
+    check(lambda x: (F.relu(x), F.threshold(x, 0.5, -3.0)), x, grad=True)
+    check(lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.0), torch.arange(1.0, 7.0), x.detach())

@@ -7,10 +7,12 @@ import torch
 from utils import assert_close, crand, rrand, run_cases, to_tpu, total
 
 fft = torch.fft
-# XLA's FFT (ducc) and PyTorch's (pocketfft) round differently: on these sizes the largest
-# difference measured was 2.4e-6 absolute on values of size ~10 (float32); 1e-4 / 1e-5 keep a
-# margin while a wrong normalization (a factor sqrt(n) >= 2) or a missing conjugate still fails.
-TOL = dict(rtol=1e-5, atol=1e-4)
+# XLA's FFT (ducc) and PyTorch's (pocketfft) round differently: one transform alone differs by
+# at most 8e-6 on values up to ~80 (float32), but run_cases sums a test's cases into one loss,
+# weighting case k by k + 1, and the gradients then differ by up to 6.4e-5 (measured; 0.32 of
+# this tolerance), while a wrong normalization (a factor sqrt(n) >= 2) or a missing conjugate
+# still fails.
+TOL = dict(rtol=1e-5, atol=2e-4)
 NORMS = (None, "ortho", "forward")
 
 

@@ -73,3 +73,15 @@ def test_refused_index_dtype_raises_cpu_error(mode, name):
 def test_int32_index_stays_on_tpu(mode):
     # index_reduce takes int32 indices on CPU, as index_add does (test_indexing.py).
     check(lambda x: x.index_reduce(0, J.int().to(x.device), x[:3] * 2, "amax"), X.detach())
+
+
+def test_index_copy_into_a_static_cache_in_place(mode):
+    # A static KV cache's update: index_copy_ of one step's keys at a position held in a
+    # tensor (cache_position), in place, step after step.
+    cache, steps = torch.zeros(2, 3, 6, 4), torch.randn(5, 2, 3, 1, 4)
+    cache_t = cache.to("tpu")
+    for t in range(5):
+        pos = torch.tensor([t])
+        cache.index_copy_(2, pos, steps[t])
+        cache_t.index_copy_(2, pos.to("tpu"), steps[t].to("tpu"))
+    assert torch.equal(cache_t.cpu(), cache)

@@ -199,6 +199,41 @@ def test_dtypes_linear_algebra_does_not_take_raise_like_cpu():
         torch.linalg.lu_factor(torch.eye(3, device="tpu"), pivot=False)
 
 
+def _fallbacks():
+    return dict(torchtpu.metrics.counters()["fallback_ops"])
+
+
+def test_a_dtype_cpu_refuses_raises_its_error_and_counts_no_fallback():
+    before = _fallbacks()
+    with pytest.raises(NotImplementedError, match="\"geqrf_cpu\" not implemented for 'Half'"):
+        torch.linalg.qr(torch.eye(3, dtype=torch.float16, device="tpu"))
+    assert _fallbacks() == before
+
+
+@pytest.mark.parametrize("policy", ["warn", "error"])
+def test_complex_matrices_run_on_cpu_through_the_counted_fallback(policy):
+    # The JAX kernels take real floats; CPU's kernel computes complex ones. That trip goes
+    # through the one CPU fallback path: counted, warned, refused under TORCHTPU_FALLBACK=error.
+    import os
+
+    a = torch.randn(3, 3, generator=gen(47), dtype=torch.complex64)
+    before = _fallbacks()
+    torchtpu._C.set_fallback_policy(policy)
+    try:
+        if policy == "error":
+            with pytest.raises(NotImplementedError, match="op aten::linalg_qr has no tpu lowering and "
+                                                          "TORCHTPU_FALLBACK=error"):
+                torch.linalg.qr(a.to("tpu"))
+            assert _fallbacks() == before
+        else:
+            q, r = torch.linalg.qr(a.to("tpu"))
+            assert q.device.type == "tpu"
+            assert_close(q, torch.linalg.qr(a).Q, rtol=0, atol=0)  # CPU's own kernel computed it
+            assert _fallbacks().get("aten::linalg_qr", 0) == before.get("aten::linalg_qr", 0) + 1
+    finally:
+        torchtpu._C.set_fallback_policy(os.environ.get("TORCHTPU_FALLBACK", "warn"))
+
+
 @pytest.mark.modes("fused")
 def test_factorizations_join_the_fused_graph(mode):
     # The `_ex` forms leave `info` on the device (the checking forms read it on the host, as

@@ -1,4 +1,4 @@
-"""kthvalue, median, nanmedian, mode, searchsorted, bucketize and histc against CPU, with
+"""kthvalue, median, nanmedian, mode, searchsorted, bucketize, histc and isin against CPU, with
 NaN, ties, integer inputs and gradients."""
 import pytest
 import torch
@@ -83,3 +83,23 @@ def test_histc_range_from_data_must_be_finite(mode):
         with pytest.raises(RuntimeError, match=r"torch.histc: range of \[min, max\] is not finite"):
             torch.histc(torch.tensor(data, device="tpu"), 4).cpu()
     check(lambda x: torch.histc(x, 4, -1, 1), torch.tensor([float("inf"), float("nan"), 0.5, -1.0]))
+
+
+def test_isin(mode):
+    ids = torch.randint(0, 50, (3, 9))
+    eos = torch.tensor([7, 11, 49])
+    check(lambda a, b: (torch.isin(a, b), torch.isin(a, b, invert=True), torch.isin(a[:, -1:], b)), ids, eos)
+    # Promotion: an integer tensor against float test elements (and a float number), NaN in nothing.
+    check(lambda a, b: (torch.isin(a, b), torch.isin(a, 2.0), torch.isin(a, 2.5), torch.isin(3, a)),
+          torch.tensor([1, 2, 3], dtype=torch.uint8), torch.tensor([2.0, 3.5]))
+    check(lambda a, b: torch.isin(a, b), torch.tensor([1.0, float("nan"), 3.0]), torch.tensor([3.0, float("nan")]))
+    check(lambda a, b: torch.isin(a, b), torch.randint(0, 10, (4,)), torch.empty(0, dtype=torch.int64))
+    # Many pairs: the sorted search instead of comparing every pair.
+    check(lambda a, b: (torch.isin(a, b), torch.isin(a, b, invert=True)),
+          torch.randint(0, 4000, (1500,)), torch.randint(0, 4000, (1000,)))
+
+
+def test_isin_refuses_bool_as_cpu(mode):
+    for a, b in [(torch.tensor([True]), torch.tensor([1])), (torch.tensor([1]), torch.tensor([True]))]:
+        with pytest.raises(RuntimeError, match=r"Unsupported input type encountered for isin\(\): Bool"):
+            torch.isin(a.to("tpu"), b.to("tpu"))

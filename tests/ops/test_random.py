@@ -1,5 +1,5 @@
 """Random ops: reproducible under torch.manual_seed, different per call and per seed, with
-the right distributions; dropout forward/backward."""
+the right distributions; dropout forward/backward; multinomial against CPU's distribution."""
 import pytest
 import torch
 
@@ -157,3 +157,67 @@ def test_factories(mode, name):
     else:
         assert actual.dtype == expected.dtype and actual.shape == expected.shape
         torch.testing.assert_close(actual, expected)
+
+
+PROBS = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.0], [5.0, 0.0, 0.0, 0.0, 5.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
+
+
+def frequencies(draws, rows=3, categories=5):
+    return torch.stack([torch.bincount(draws[r].flatten(), minlength=categories) for r in range(rows)]).double() / \
+        draws[0].numel()
+
+
+@pytest.mark.parametrize("replacement", [False, True], ids=["one_draw", "with_replacement"])
+def test_multinomial_distribution_and_seeding(mode, replacement):
+    # 4000 draws per row: frequencies within 4 binomial standard deviations of CPU's
+    # (sampling noise of both sides); zero-probability categories are never drawn.
+    n = 4000
+    probs = PROBS.to("tpu")
+    if replacement:
+        draw = lambda: torch.multinomial(probs, n, replacement=True)  # noqa: E731
+    else:
+        draw = lambda: torch.multinomial(probs.repeat_interleave(n, 0), 1).view(3, n)  # noqa: E731
+    torch.manual_seed(3)
+    a = no_fallback(draw)
+    b = no_fallback(draw)
+    torch.manual_seed(3)
+    assert torch.equal(a, no_fallback(draw)), "same seed must give the same draws"
+    assert not torch.equal(a, b), "consecutive calls must differ"
+    assert a.dtype == torch.int64 and a.shape == (3, n)
+    cpu = torch.multinomial(PROBS.repeat_interleave(n, 0), 1).view(3, n)
+    expected = PROBS / PROBS.sum(1, keepdim=True)
+    bound = 4 * (expected * (1 - expected) / n).sqrt() + 1e-9
+    for got in (frequencies(a), frequencies(cpu)):
+        assert ((got - expected).abs() <= 2 * bound).all(), (got, expected)
+    assert (a[1] != 1).all() and (a[1] != 2).all() and (a[0] != 4).all()
+
+
+def test_multinomial_without_replacement_draws_distinct(mode):
+    torch.manual_seed(0)
+    d = no_fallback(lambda: torch.multinomial(torch.ones(64, 10, device="tpu"), 10))
+    assert (d.sort(1).values == torch.arange(10)).all()
+    d = no_fallback(lambda: torch.multinomial(PROBS[0].to("tpu"), 4))
+    assert sorted(d.tolist()) == [0, 1, 2, 3], "the zero-probability category comes last"
+    # The first draw without replacement follows p, as one draw does.
+    torch.manual_seed(1)
+    first = no_fallback(lambda: torch.multinomial(PROBS[0].to("tpu").expand(4000, 5), 3)[:, 0])
+    freq = torch.bincount(first, minlength=5).double() / 4000
+    assert (freq - PROBS[0]).abs().max() < 0.035, freq
+
+
+@pytest.mark.parametrize("probs, samples, replacement, message", [
+    ([0.5, -1.0], 1, False, "probability tensor contains either `inf`, `nan` or element < 0"),
+    ([0.5, float("nan")], 1, False, "probability tensor contains either `inf`, `nan` or element < 0"),
+    ([[1.0, 1.0], [0.0, 0.0]], 1, False, r"invalid multinomial distribution \(sum of probabilities <= 0\)"),
+    ([0.5, -1.0], 2, True, r"invalid multinomial distribution \(encountering probability entry < 0\)"),
+    ([0.5, float("inf")], 2, True, "encountering probability entry = infinity or NaN"),
+    ([1.0, 1.0], 3, False, "cannot sample n_sample > prob_dist.size"),
+    ([1.0, 1.0], 0, True, "cannot sample n_sample <= 0 samples"),
+])
+def test_multinomial_errors_as_cpu(mode, probs, samples, replacement, message):
+    with pytest.raises(RuntimeError, match=message):
+        torch.multinomial(torch.tensor(probs), samples, replacement)
+    with pytest.raises(RuntimeError, match=message):
+        torch.multinomial(torch.tensor(probs, device="tpu"), samples, replacement).cpu()
+    with pytest.raises(RuntimeError, match="multinomial only supports floating-point dtypes for input, got: Long"):
+        torch.multinomial(torch.tensor([1, 2], device="tpu"), 1)

@@ -4,8 +4,8 @@ import re
 import pytest
 import torch
 
-from test_elementwise import BF16, NAN, rand, run_table
-from utils import check
+from test_elementwise import BF16, NAN, rand
+from utils import check, run_cases
 
 # name -> fn of one f32 (3, 4) input; checked with gradients in every mode.
 REDUCE = {
@@ -36,7 +36,7 @@ ALLOW = {"aten::masked_fill_.Scalar", "aten::scatter.src_out", "aten::scatter.va
 @pytest.mark.parametrize("chunk", range(3))
 def test_reduce_grad(mode, chunk):
     names = sorted(REDUCE)[chunk::3]
-    run_table([(n, REDUCE[n], [rand(3, 4, grad=True)], None) for n in names], grad=True, allow=ALLOW)
+    run_cases([(n, REDUCE[n], [rand(3, 4, grad=True)], None) for n in names], grad=True, allow=ALLOW)
 
 
 @pytest.mark.modes("fused")
@@ -47,7 +47,7 @@ def test_reduce_dtypes():
                   (n + "/bf16", fn, [rand(2, 5, dtype=torch.bfloat16)], BF16)]
         if n not in ("logsumexp_kd", "amin", "mean_dims"):
             cases.append((n + "/nan", fn, [torch.tensor([[1.0, NAN, 2.0], [3.0, 0.5, -1.0]])], None))
-    run_table(cases)
+    run_cases(cases)
 
 
 @pytest.mark.modes("fused")
@@ -69,7 +69,7 @@ def test_integer_and_bool_reductions():
              ("cumsum_i", lambda t: t.cumsum(1), [i], None), ("cumsum_b", lambda t: t.cumsum(0), [b], None),
              ("cumprod_i", lambda t: t.cumprod(1), [i], None), ("cumsum_dtype", lambda t: t.cumsum(1, dtype=torch.float64), [i], None),
              ("cumsum_i32", lambda t: t.cumsum(0), [i.int()], None)]
-    run_table(cases)
+    run_cases(cases)
 
 
 @pytest.mark.modes("fused")
@@ -92,7 +92,7 @@ def test_reduction_edge_cases():
               [torch.tensor([[-float("inf"), -float("inf")], [float("inf"), 1.0]])], None),
              ("norm_inf_nan", lambda t: torch.linalg.vector_norm(t, float("inf"), 1), [ties], None),
              ("cumsum_long", lambda t: t.cumsum(0), [rand(300, dtype=torch.float64)], dict(rtol=1e-9, atol=1e-9))]
-    run_table(cases)
+    run_cases(cases)
 
 
 def test_amax_amin_backward_nan_and_ties(mode):

@@ -4,7 +4,7 @@ integers, +-inf, NaN), in float32 and float64 and with gradients where PyTorch h
 import pytest
 import torch
 
-from utils import check
+from utils import HALF_PRECISION, check
 
 S = torch.special
 # Branch points of the expansions: 2, 5, 8 (Bessel), +-2.09 and 8.32 (Airy), 0.5 (trigamma,
@@ -47,17 +47,17 @@ def test_special_unary_float64(mode):
 def test_special_half_types(mode):
     # bfloat16/float16 compute in float and round once, as CPU does.
     for dtype in (torch.bfloat16, torch.float16):
-        check(unary(S.i0e, S.i1, torch.digamma, S.entr, torch.sinc), torch.linspace(-6, 6, 25).to(dtype), rtol=1e-2,
-              atol=1e-2)
+        check(unary(S.i0e, S.i1, torch.digamma, S.entr, torch.sinc), torch.linspace(-6, 6, 25).to(dtype),
+              **HALF_PRECISION)  # measured 0.39 of it (one step of the result dtype)
 
 
 def test_special_gradients(mode):
     torch.manual_seed(0)
     x = (torch.rand(12) * 6 + 0.2).requires_grad_()
     check(unary(torch.digamma, lambda t: torch.polygamma(2, t), torch.i0, S.i0e, S.i1, S.i1e, S.entr, torch.sinc,
-                S.erfcx, S.log_ndtr), x, grad=True, rtol=1e-4, atol=1e-5)
+                S.erfcx, S.log_ndtr), x, grad=True)
     p = (torch.rand(10) * 0.9 + 0.05).requires_grad_()
-    check(S.ndtri, p, grad=True, rtol=1e-4)
+    check(S.ndtri, p, grad=True)
 
 
 def test_zeta_and_xlogy(mode):

@@ -3,8 +3,10 @@
 Each adapter applies when its library is imported (or at once, if it already was), so
 importing torch stays as cheap as before. An adapter that has to patch a library checks the
 library's version first and refuses an unchecked one with an error naming the versions it
-knows (TORCHTPU_INTEGRATIONS=off turns every library adapter off). Fixes of torch's own code
-paths live in the device layer (csrc/device) and torchtpu/_patches.py.
+knows (TORCHTPU_INTEGRATIONS=off turns every library adapter off). Each change to a
+library's code is a guarded, restorable entry of torchtpu/_patches.py's registry
+(`python -m torchtpu patches` lists them). Fixes of torch's own code paths live in the
+device layer (csrc/device) and torchtpu/_patches.py.
 """
 import importlib
 import importlib.abc
@@ -20,6 +22,8 @@ _ADAPTERS = {
     "accelerate.state": "torchtpu.integrations.accelerate",
     "lightning.pytorch.trainer.connectors.accelerator_connector": "torchtpu.integrations.lightning",
     "pytorch_lightning.trainer.connectors.accelerator_connector": "torchtpu.integrations.lightning",
+    "transformers.generation.utils": "torchtpu.integrations.transformers",
+    "transformers.modeling_utils": "torchtpu.integrations.transformers",
 }
 
 _SETTING = "TORCHTPU_INTEGRATIONS"

@@ -12,6 +12,7 @@ import functools
 
 import torch
 
+from torchtpu import _patches
 from torchtpu.integrations import check_version
 
 SUPPORTED = ("1.0", "1.16")
@@ -22,10 +23,14 @@ def install(module) -> None:
     import accelerate
 
     check_version("accelerate", accelerate.__version__, SUPPORTED, TESTED)
-    chooser = module.PartialState.__dict__.get("default_device")
-    if not isinstance(chooser, property):
-        raise RuntimeError("torchtpu: accelerate.state.PartialState.default_device is no longer a property; "
-                           "torchtpu's accelerate adapter needs updating")
+    _patches.apply("accelerate default device", module)
+
+
+@_patches.patch("accelerate default device", when="import of accelerate.state", library="accelerate",
+                targets=("accelerate.state.PartialState.default_device",))
+def _patch_default_device(module):
+    chooser = _patches.checked("accelerate default device", module.PartialState, "default_device", params=["self"],
+                               is_property=True)
 
     @functools.wraps(chooser.fget)
     def default_device(self) -> torch.device:
@@ -34,4 +39,4 @@ def install(module) -> None:
             return torch.device("tpu", torch.tpu.current_device())
         return device
 
-    module.PartialState.default_device = property(default_device, doc=chooser.__doc__)
+    _patches._replace(module.PartialState, "default_device", property(default_device, doc=chooser.__doc__))

@@ -17,6 +17,7 @@ import importlib
 
 import torch
 
+from torchtpu import _patches
 from torchtpu.integrations import check_version
 
 SUPPORTED = ("2.1", "2.7")
@@ -107,15 +108,20 @@ def install(module) -> None:
         return  # torch_xla is installed and sees a TPU: "tpu" stays Lightning's XLA route
     accelerator_class = _make_accelerator(root)
     accelerator_class.register_accelerators(accelerators.AcceleratorRegistry)
-    _patch_connector(module._AcceleratorConnector, accelerator_class, root)
+    _patches.apply(f"{root.split('.')[0]} accelerator connector", module, accelerator_class, root)
 
 
-def _patch_connector(connector, accelerator_class, root) -> None:
+_CONNECTOR_CHOICES = ("_choose_auto_accelerator", "_choose_strategy", "_check_and_init_precision")
+
+
+def _patch_connector(module, accelerator_class, root) -> None:
+    name = f"{root.split('.')[0]} accelerator connector"
+    connector = module._AcceleratorConnector
     strategies = importlib.import_module(f"{root}.strategies")
     precision = importlib.import_module(f"{root}.plugins.precision")
-    choose_auto = connector._choose_auto_accelerator
-    choose_strategy = connector._choose_strategy
-    init_precision = connector._check_and_init_precision
+    choose_auto = _patches.checked(name, connector, "_choose_auto_accelerator", params=[])
+    choose_strategy = _patches.checked(name, connector, "_choose_strategy", params=["self"])
+    init_precision = _patches.checked(name, connector, "_check_and_init_precision", params=["self"])
 
     @functools.wraps(choose_auto)
     def _choose_auto_accelerator():
@@ -138,6 +144,14 @@ def _patch_connector(connector, accelerator_class, root) -> None:
             return precision.MixedPrecision(self._precision_flag, "tpu")
         return init_precision(self)
 
-    connector._choose_auto_accelerator = staticmethod(_choose_auto_accelerator)
-    connector._choose_strategy = _choose_strategy
-    connector._check_and_init_precision = _check_and_init_precision
+    _patches._replace(connector, "_choose_auto_accelerator", _choose_auto_accelerator)
+    _patches._replace(connector, "_choose_strategy", _choose_strategy)
+    _patches._replace(connector, "_check_and_init_precision", _check_and_init_precision)
+
+
+# The same code under two package names (lightning.pytorch and the standalone pytorch_lightning).
+for _package, _root in (("lightning", "lightning.pytorch"), ("pytorch_lightning", "pytorch_lightning")):
+    _module = f"{_root}.trainer.connectors.accelerator_connector"
+    _patches.patch(f"{_package} accelerator connector", when=f"import of {_module}", library=_package,
+                   targets=tuple(f"{_module}._AcceleratorConnector.{choice}" for choice in _CONNECTOR_CHOICES)
+                   )(_patch_connector)

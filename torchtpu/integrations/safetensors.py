@@ -12,6 +12,7 @@ import functools
 
 import torch
 
+from torchtpu import _patches
 from torchtpu.integrations import check_version
 
 SUPPORTED = ("0.4", "0.9")
@@ -29,10 +30,14 @@ def _tpu_device(device):
     return device if device.type == "tpu" else None
 
 
-def patch_shared_tensor_checks(module, storage_size) -> None:
+SHARED_TENSOR_HELPERS = ("storage_ptr", "_end_ptr", "_is_complete")
+
+
+def patch_shared_tensor_checks(patch_name: str, module, storage_size) -> None:
     """Teaches a module with safetensors' shared-tensor helpers (storage_ptr, _end_ptr,
     _is_complete) the tpu device; huggingface_hub carries a copy of them."""
-    storage_ptr, end_ptr, is_complete = module.storage_ptr, module._end_ptr, module._is_complete
+    storage_ptr, end_ptr, is_complete = (_patches.checked(patch_name, module, name, params=["tensor"])
+                                         for name in SHARED_TENSOR_HELPERS)
 
     @functools.wraps(storage_ptr)
     def tpu_storage_ptr(tensor):
@@ -52,17 +57,29 @@ def patch_shared_tensor_checks(module, storage_size) -> None:
             return tensor.nelement() * tensor.element_size() == storage_size(tensor)
         return is_complete(tensor)
 
-    module.storage_ptr = tpu_storage_ptr
-    module._end_ptr = tpu_end_ptr
-    module._is_complete = tpu_is_complete
+    _patches._replace(module, "storage_ptr", tpu_storage_ptr)
+    _patches._replace(module, "_end_ptr", tpu_end_ptr)
+    _patches._replace(module, "_is_complete", tpu_is_complete)
 
 
 def install(module) -> None:
     import safetensors
 
     check_version("safetensors", safetensors.__version__, SUPPORTED, TESTED)
-    patch_shared_tensor_checks(module, module.storage_size)
-    load_file = module.load_file
+    _patches.apply("safetensors shared tensors", module)
+    _patches.apply("safetensors load_file", module)
+
+
+@_patches.patch("safetensors shared tensors", when="import of safetensors.torch", library="safetensors",
+                targets=tuple(f"safetensors.torch.{name}" for name in SHARED_TENSOR_HELPERS))
+def _patch_shared_tensors(module):
+    patch_shared_tensor_checks("safetensors shared tensors", module, module.storage_size)
+
+
+@_patches.patch("safetensors load_file", when="import of safetensors.torch", library="safetensors",
+                targets=("safetensors.torch.load_file",))
+def _patch_load_file(module):
+    load_file = _patches.checked("safetensors load_file", module, "load_file", params=["filename", "device"])
 
     @functools.wraps(load_file)
     def tpu_load_file(filename, device="cpu", **kwargs):
@@ -71,4 +88,4 @@ def install(module) -> None:
             return load_file(filename, device=device, **kwargs)
         return {name: tensor.to(target) for name, tensor in load_file(filename, device="cpu", **kwargs).items()}
 
-    module.load_file = tpu_load_file
+    _patches._replace(module, "load_file", tpu_load_file)
