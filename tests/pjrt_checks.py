@@ -67,6 +67,26 @@ module @m {
 except Exception as error:
     found["compile_error"] = f"{type(error).__name__}: {error}"
 
+# Single-process SPMD is the jaxlib runtime's: a Mesh says so, and so does the runtime when a
+# mesh gets past it (built without its check).
+import torchtpu.spmd  # noqa: E402
+
+
+def mesh_without_check():
+    mesh = object.__new__(torchtpu.spmd.Mesh)
+    mesh.shape, mesh.axis_names, mesh.devices = (1,), ("data",), [0]
+    mesh._c = _C._Mesh([0], [1], ["data"])
+    return mesh
+
+
+for name, make in (("mesh", lambda: torchtpu.spmd.Mesh(1, "data")),
+                   ("runtime", lambda: torchtpu.spmd.shard(torch.ones(4), mesh_without_check(), (None,)).cpu())):
+    try:
+        make()
+        found[f"spmd_{name}_error"] = None
+    except Exception as error:
+        found[f"spmd_{name}_error"] = f"{type(error).__name__}: {error}"
+
 # JAX interop, zero-copy both ways, and the linear algebra JAX lowers (LAPACK custom calls).
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

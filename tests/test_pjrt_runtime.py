@@ -91,6 +91,15 @@ def test_jax_interop_is_zero_copy_both_ways(checks):
     assert first["to_jax_twice_same_array"]
 
 
+def test_spmd_says_it_needs_the_jaxlib_runtime(checks):
+    # torchtpu.spmd's Mesh refuses first; a mesh built past that check meets the runtime's refusal.
+    assert checks[0]["spmd_mesh_error"].startswith("RuntimeError: torchtpu.spmd needs the jaxlib runtime "
+                                                   "(TORCHTPU_RUNTIME=jaxlib"), checks[0]["spmd_mesh_error"]
+    runtime_error = checks[0]["spmd_runtime_error"]
+    assert runtime_error.startswith("RuntimeError: ") and \
+        "torchtpu.spmd needs the jaxlib runtime (TORCHTPU_RUNTIME=jaxlib)" in runtime_error, runtime_error
+
+
 def test_linalg_runs_through_jaxlibs_lapack_handlers(checks):
     assert checks[0]["linalg"] == {"inv": True, "eigvalsh": True, "svdvals": True, "det": True}
 
@@ -225,17 +234,22 @@ def test_compile_options_proto_reads_back_as_xlas():
         assert sorted(options.env_option_overrides) == [("xla_allow_excess_precision", excess),
                                                         ("xla_cpu_enable_fast_min_max", False),
                                                         ("xla_gpu_enable_fast_min_max", False)]
+    # Modules with float16/bfloat16 values on CPU: YNNPACK's fusions off (runtime.h ynn_fusions_off).
+    options = xla_client.CompileOptions.ParseFromString(_C.pjrt_compile_options([0], False, no_ynn_fusions=True))
+    assert ("xla_cpu_experimental_ynn_fusion_type", "") in options.env_option_overrides
 
 
 # ---- a subset of the suite under pjrt (the default is jaxlib) ------------------------------
 
 # Chosen to cover what differs between the runtimes: buffers and transfers (smoke), NaN and inf
-# handling that depends on XLA's options (special values, cumulative ops), JAX interop and the
+# handling that depends on XLA's options (special values, cumulative ops; float16/bfloat16
+# rounding, which needs YNNPACK's fusions off: runtime.h ynn_fusions_off), JAX interop and the
 # LAPACK custom calls (linalg), donation and the optimizer (training).
 SUBSET = [
     "tests/test_smoke.py",
     "tests/ops/test_cumulative.py::test_logcumsumexp",
     "tests/ops/test_elementwise.py::test_binary_special_values",
+    "tests/ops/test_elementwise.py::test_products_feeding_adds_and_reductions_round_as_eager",
     "tests/ops/test_linalg.py::test_solve_inv_det_slogdet",
     "tests/ops/test_linalg.py::test_eigh_and_svd",
     "tests/test_jax_interop.py",

@@ -82,9 +82,10 @@ void init_pjrt(py::module_& m) {
       out.push_back(o.describe());
     return out;
   });
-  m.def("pjrt_compile_options", [](const std::vector<int64_t>& device_ids, bool excess_precision) {
-    return py::bytes(pjrt_compile_options(device_ids, excess_precision));
-  });
+  m.def("pjrt_compile_options", [](const std::vector<int64_t>& device_ids, bool excess_precision,
+                                   bool no_ynn_fusions) {
+    return py::bytes(pjrt_compile_options(device_ids, excess_precision, no_ynn_fusions));
+  }, py::arg("device_ids"), py::arg("excess_precision"), py::arg("no_ynn_fusions") = false);
 
   // jaxlib's custom-call handlers ({name: PyCapsule "xla._CUSTOM_CALL_TARGET"}), registered
   // with the PJRT plugin for `platform_name` ("Host" on CPU); returns how many.

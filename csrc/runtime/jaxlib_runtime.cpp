@@ -170,13 +170,6 @@ DLDataType dlpack_dtype(DType dtype) {
   return t;
 }
 
-// Whether a module's text holds float16 or bfloat16 values.
-bool has_reduced_precision_floats(const std::string& module_text) {
-  for (const char* type : {"xf16>", "<f16>", "xbf16>", "<bf16>"})
-    if (module_text.find(type) != std::string::npos) return true;
-  return false;
-}
-
 class JaxlibRuntime final : public Runtime {
  public:
   JaxlibRuntime(py::object client, std::string platform, const ProcessLayout& layout)
@@ -192,9 +185,7 @@ class JaxlibRuntime final : public Runtime {
     py::object version = py::module_::import("jaxlib.version").attr("__version__");
     version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
                client_.attr("platform_version").cast<std::string>();
-    // The version keys the disk cache: executables compiled before compile_options turned
-    // YNNPACK's fusions off stay apart.
-    if (platform_ == "cpu") version_ += " (no YNNPACK fusions for float16/bfloat16)";
+    if (platform_ == "cpu") version_ += kYnnVersionNote;
     numpy_ = py::module_::import("numpy");
     make_array_from_single_device_arrays_ = py::module_::import("jax").attr("make_array_from_single_device_arrays");
     if (platform_ != "cpu") {
@@ -224,7 +215,7 @@ class JaxlibRuntime final : public Runtime {
       DeferredInterrupt defer;
       py::object exe =
           client_.attr("compile_and_load")(py::bytes(module_text), devices,
-                                           compile_options(options, has_reduced_precision_floats(module_text)));
+                                           compile_options(options, ynn_fusions_off(platform_, module_text, options.excess_precision)));
       return std::make_shared<JaxExecutable>(std::move(exe), options.mesh);
     } catch (py::error_already_set& e) {
       rethrow("compiling a graph", e);
@@ -558,8 +549,8 @@ class JaxlibRuntime final : public Runtime {
   // Options that bind an executable to one device, to the replicas' devices for a module
   // with collectives (this process runs the replica whose device is its own), or to a mesh
   // (one replica, a partition per device, XLA's SPMD partitioner).
-  // `reduced_precision_floats`: the module holds float16/bfloat16 values (only a compile reads it).
-  py::object compile_options(const CompileOptions& compile, bool reduced_precision_floats = false) {
+  // `no_ynn_fusions`: turn YNNPACK's fusions off (runtime.h ynn_fusions_off; only a compile reads it).
+  py::object compile_options(const CompileOptions& compile, bool no_ynn_fusions = false) {
     const std::vector<int64_t>& replica_devices = compile.replica_devices;
     py::object options = xla_client_.attr("CompileOptions")();
     py::object build = options.attr("executable_build_options");
@@ -598,14 +589,7 @@ class JaxlibRuntime final : public Runtime {
     py::list overrides;
     overrides.append(py::make_tuple("xla_allow_excess_precision", compile.excess_precision));
     for (const auto& [name, value] : kFixedXlaOptions) overrides.append(py::make_tuple(name, value));
-    // XLA:CPU hands reductions and dots, with the elementwise ops next to them, to YNNPACK (a
-    // "__ynn_fusion"), which keeps float16/bfloat16 intermediates unrounded whatever
-    // xla_allow_excess_precision says (jaxlib 0.10): bfloat16 (x * y).mean(-1) summed the
-    // unrounded products, and LIBRARY_FUSION_TYPE_DOT fused (x @ y) * 0.1 without rounding the
-    // product. An empty list turns them off; only for modules with such values: float32 modules
-    // keep them (without, bench/run.py's GPT and ResNet steps took 2-15% longer).
-    if (platform_ == "cpu" && reduced_precision_floats && !compile.excess_precision)
-      overrides.append(py::make_tuple("xla_cpu_experimental_ynn_fusion_type", ""));
+    if (no_ynn_fusions) overrides.append(py::make_tuple("xla_cpu_experimental_ynn_fusion_type", ""));
     options.attr("env_option_overrides") = overrides;
     return options;
   }

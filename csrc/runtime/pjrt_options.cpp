@@ -60,7 +60,8 @@ std::vector<PjrtOption> pjrt_client_options(const PjrtClientSettings& settings) 
   return options;
 }
 
-std::string pjrt_compile_options(const std::vector<int64_t>& device_ids, bool excess_precision) {
+std::string pjrt_compile_options(const std::vector<int64_t>& device_ids, bool excess_precision,
+                                 bool no_ynn_fusions) {
   // DeviceAssignmentProto: replica_count 1, computation_count 2, computation_devices 3
   // (ComputationDevice: replica_device_ids 1, packed).
   std::string ids;
@@ -77,19 +78,27 @@ std::string pjrt_compile_options(const std::vector<int64_t>& device_ids, bool ex
   varint_field(build, 5, 1);
   bytes_field(build, 9, assignment);
   // CompileOptionsProto: executable_build_options 3, env_option_overrides 7 (a map entry:
-  // key 1, value 2 = OptionOverrideProto with bool_field 2).
+  // key 1, value 2 = OptionOverrideProto, a oneof of string_field 1 and bool_field 2).
   std::string out;
   bytes_field(out, 3, build);
-  auto override_flag = [&out](const std::string& name, bool value) {
-    std::string override_value;
-    varint_field(override_value, 2, value ? 1 : 0);
+  auto add_override = [&out](const std::string& name, const std::string& override_value) {
     std::string entry;
     bytes_field(entry, 1, name);
     bytes_field(entry, 2, override_value);
     bytes_field(out, 7, entry);
   };
+  auto override_flag = [&add_override](const std::string& name, bool value) {
+    std::string override_value;
+    varint_field(override_value, 2, value ? 1 : 0);
+    add_override(name, override_value);
+  };
   override_flag("xla_allow_excess_precision", excess_precision);
   for (const auto& [name, value] : kFixedXlaOptions) override_flag(name, value);
+  if (no_ynn_fusions) {
+    std::string empty_string;  // string_field "" (a oneof member is written even when empty)
+    bytes_field(empty_string, 1, "");
+    add_override("xla_cpu_experimental_ynn_fusion_type", empty_string);
+  }
   return out;
 }
 

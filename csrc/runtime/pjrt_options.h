@@ -41,7 +41,10 @@ std::vector<PjrtOption> pjrt_client_options(const PjrtClientSettings& settings);
 // An xla.CompileOptionsProto (xla/pjrt/proto/compile_options.proto), serialized by hand:
 // executable_build_options with the replica count, one partition and the device assignment
 // (one computation, `device_ids` = global device id per replica), the excess-precision
-// override and kFixedXlaOptions (runtime.h). An empty proto is not an option: XLA aborts the process on replica_count 0.
-std::string pjrt_compile_options(const std::vector<int64_t>& device_ids, bool excess_precision);
+// override, kFixedXlaOptions (runtime.h) and, with `no_ynn_fusions` (runtime.h ynn_fusions_off),
+// xla_cpu_experimental_ynn_fusion_type "". An empty proto is not an option: XLA aborts the
+// process on replica_count 0.
+std::string pjrt_compile_options(const std::vector<int64_t>& device_ids, bool excess_precision,
+                                 bool no_ynn_fusions = false);
 
 }  // namespace torchtpu

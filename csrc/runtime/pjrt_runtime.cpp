@@ -204,6 +204,12 @@ struct KeyValueStore {
   }
 };
 
+// What a partitioned (mesh) compile or a sharded buffer meets under this runtime: it runs one
+// device per executable (as torchtpu.spmd's Mesh says before anything reaches here).
+constexpr const char* kNoSpmd =
+    "torchtpu.spmd needs the jaxlib runtime (TORCHTPU_RUNTIME=jaxlib); the pjrt runtime runs one device per "
+    "executable, without XLA's SPMD partitioner";
+
 class PjrtRuntime final : public Runtime {
  public:
   PjrtRuntime(const PjrtPlugin& plugin, PJRT_Client* client, std::string platform, const ProcessLayout& layout,
@@ -219,6 +225,7 @@ class PjrtRuntime final : public Runtime {
     // The disk cache keys executables by this: another plugin build must not load them.
     version_ = "pjrt " + plugin_.api_version() + " " + platform_ + " " + platform_version_ + " " + file + ":" +
                std::to_string(static_cast<long long>(info.st_size));
+    if (platform_ == "cpu") version_ += kYnnVersionNote;
     auto devices = PJRT_ARGS(PJRT_Client_Devices_Args, num_devices);
     devices.client = client_;
     plugin_.call(PjrtSlot::Client_AddressableDevices, devices, "listing the devices");
@@ -246,9 +253,11 @@ class PjrtRuntime final : public Runtime {
   bool has_float64() const override { return platform_ != "tpu"; }
 
   ExecutablePtr compile(const std::string& module_text, const CompileOptions& options) override {
+    if (options.mesh) throw std::runtime_error(kNoSpmd);
     std::vector<int64_t> ids = options.replica_devices;
     if (ids.empty()) ids.push_back(device_id(options.device));
-    std::string proto = pjrt_compile_options(ids, options.excess_precision);
+    std::string proto = pjrt_compile_options(ids, options.excess_precision,
+                                             ynn_fusions_off(platform_, module_text, options.excess_precision));
     auto program = PJRT_ARGS(PJRT_Program, format_size);
     program.code = const_cast<char*>(module_text.data());
     program.code_size = module_text.size();
@@ -420,6 +429,12 @@ class PjrtRuntime final : public Runtime {
     if (args.serialized_executable_deleter) args.serialized_executable_deleter(args.serialized_executable);
     return bytes;
   }
+
+  // Single-process SPMD is the jaxlib runtime's (torchtpu/spmd.py refuses a Mesh first).
+  BufferPtr assemble_sharded(const TensorType&, ShardingPtr, const std::vector<BufferPtr>&) override {
+    throw std::runtime_error(kNoSpmd);
+  }
+  std::vector<BufferPtr> shards_of(const DeviceBuffer&) override { throw std::runtime_error(kNoSpmd); }
 
   ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options) override {
     // The serialized executable carries its compile options (the device assignment included).

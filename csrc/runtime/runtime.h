@@ -78,6 +78,18 @@ inline constexpr std::pair<const char*, bool> kFixedXlaOptions[] = {
     {"xla_gpu_enable_fast_min_max", false},
 };
 
+// XLA:CPU hands reductions and dots, with the elementwise ops next to them, to YNNPACK (a
+// "__ynn_fusion"), which keeps float16/bfloat16 intermediates unrounded whatever
+// xla_allow_excess_precision says (jaxlib 0.10): bfloat16 (x * y).mean(-1) summed the
+// unrounded products, and LIBRARY_FUSION_TYPE_DOT fused (x @ y) * 0.1 without rounding the
+// product. Whether a compile must turn them off (xla_cpu_experimental_ynn_fusion_type set to
+// an empty list): only for modules with such values, float32 modules keep them (without,
+// bench/run.py's GPT and ResNet steps took 2-15% longer). Both runtimes ask this.
+bool ynn_fusions_off(const std::string& platform, const std::string& module_text, bool excess_precision);
+// Appended to a CPU runtime's version(), which keys the disk cache: executables compiled
+// before ynn_fusions_off existed stay apart.
+inline constexpr const char* kYnnVersionNote = " (no YNNPACK fusions for float16/bfloat16)";
+
 class Runtime {
  public:
   virtual ~Runtime() = default;
