@@ -223,3 +223,36 @@ def test_a_refused_folder_stores_nothing(tmp_path):
     finally:
         torch._dynamo.reset()
         _C.set_cache_dir(previous)
+
+
+def test_a_cached_graph_still_donates_its_in_place_updates(tmp_path):
+    # A static KV cache's write (index_copy_) reuses the cache's buffer; a graph loaded from the
+    # cache (no AOTAutograd metadata to read the updates from) must donate it as the compiling
+    # call did (it copied instead: the result was right, the memory doubled).
+    from torchtpu import _C, metrics
+
+    def step(cache, x, pos):
+        cache.index_copy_(2, pos, x)
+        return cache.sum(-1)
+
+    previous = _C.cache_dir()
+    _C.set_cache_dir(str(tmp_path))
+    try:
+        def compile_and_run():
+            torch._dynamo.reset()
+            compiled = torch.compile(step, backend="tpu", dynamic=False)
+            cache, cache_t = torch.zeros(2, 2, 8, 4), torch.zeros(2, 2, 8, 4, device="tpu")
+            before = metrics.counters()
+            for t in range(3):
+                x = torch.full((2, 2, 1, 4), float(t + 1))
+                out = compiled(cache_t, x.to("tpu"), torch.tensor([t], device="tpu"))
+                assert torch.equal(out.cpu(), step(cache, x, torch.tensor([t])))
+                assert torch.equal(cache_t.cpu(), cache)
+            after = metrics.counters()
+            return {k: after[k] - before[k] for k in ("compile_cache_hits", "donated_buffers")}
+
+        assert compile_and_run() == {"compile_cache_hits": 0, "donated_buffers": 3}
+        assert compile_and_run() == {"compile_cache_hits": 1, "donated_buffers": 3}
+    finally:
+        torch._dynamo.reset()
+        _C.set_cache_dir(previous)

@@ -220,6 +220,9 @@ class TpuOutputCode(OutputCode):
     gm: torch.fx.GraphModule | None = None
     runtime: object = None
     cacheable: bool = True  # False for graphs with symbolic sizes
+    # The graph's in-place updates of its inputs (_input_updates), kept with the entry: a warm
+    # process rebuilds the runtime without AOTAutograd's metadata and must still donate them.
+    updates: tuple = ()
     _serialized_gm: bytes | None = dataclasses.field(default=None, init=False)
 
     _boxed_call = True  # AOTAutograd calls it with one list of inputs
@@ -266,7 +269,7 @@ class TpuOutputCode(OutputCode):
         gm.recompile()  # the unpickled module has its graph but no generated forward yet
         self.gm = gm
         self._serialized_gm = None
-        self.runtime = runtime_for_cached(gm, self.name)
+        self.runtime = runtime_for_cached(gm, self.name, self.updates)
 
     def set_triton_bundle(self, triton_bundle) -> None:
         pass
@@ -311,10 +314,10 @@ def _input_updates(name: str) -> list:
     return updates
 
 
-def runtime_for_cached(gm: torch.fx.GraphModule, name: str) -> _CompiledGraph:
+def runtime_for_cached(gm: torch.fx.GraphModule, name: str, updates=()) -> _CompiledGraph:
     """The runtime of a graph loaded from the compile cache (never one with symbolic sizes:
     those are not cached)."""
-    compiled = _CompiledGraph(gm, name)
+    compiled = _CompiledGraph(gm, name, updates)
     _compiled_graphs.add(compiled)
     return compiled
 
@@ -340,8 +343,9 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
         def compiler(gm, example_inputs):
             runtime = inner(gm, example_inputs)
-            code = TpuOutputCode(name=name, gm=gm, runtime=runtime,
-                                                cacheable=isinstance(runtime, _CompiledGraph))
+            cacheable = isinstance(runtime, _CompiledGraph)
+            code = TpuOutputCode(name=name, gm=gm, runtime=runtime, cacheable=cacheable,
+                                 updates=tuple(runtime.updates) if cacheable else ())
             code._boxed_call = True  # also on the instance: wrappers copy its __dict__
             return code
 
