@@ -7,7 +7,7 @@
 #     bash bench/gpu_check.sh                  # from anywhere; results in bench/results/
 #     OUT=/some/dir bash bench/gpu_check.sh    # also copies bench/results/ there
 #
-# Budget: ~8 minutes on an H200 including the build. Every stage has its own `timeout`
+# Budget: ~8 minutes on an H200 including the build (stages are cut to fit DEADLINE_S). Every stage has its own `timeout`
 # and the whole script a deadline (DEADLINE_S); a stage that fails or times out does not
 # stop the later ones. Each benchmark stage writes its own bench/results/cuda-<tag>.*.
 #
@@ -96,6 +96,21 @@ if [ "${SKIP_TESTS:-0}" != 1 ] && "$PY" -c "import pytest" 2>/dev/null; then
     tests/ops/test_elementwise.py tests/ops/test_nn.py tests/ops/test_loss.py
   record tests $?
 fi
+
+# The PJRT runtime (TORCHTPU_RUNTIME=pjrt: jax's CUDA plugin driven through the PJRT C API,
+# no Python on the launch path), then both runtimes side by side: launch cost in strict mode
+# against PyTorch eager, and the GPT step in strict, fused and compiled mode.
+stage "pjrt runtime: report and fast tests"
+TORCHTPU_RUNTIME=pjrt timeout "$(limit 60)" "$PY" -m torchtpu
+record pjrt-report $?
+if [ "${SKIP_TESTS:-0}" != 1 ] && "$PY" -c "import pytest" 2>/dev/null; then
+  TORCHTPU_RUNTIME=pjrt timeout "$(limit 100)" "$PY" -m pytest -q -x -p no:cacheprovider --durations=5 \
+    tests/test_smoke.py tests/test_device.py tests/ops/test_elementwise.py tests/test_jax_interop.py
+  record pjrt-tests $?
+fi
+stage "bench: jaxlib vs pjrt runtime side by side"
+timeout "$(limit 150)" "$PY" bench/runtimes.py --size "$SIZE" --rounds 2
+record bench-runtimes $?
 
 BENCH=("$PY" bench/run.py --size "$SIZE" --warmup 2 --repeats 5 --child-timeout 120 ${EXTRA_ARGS:-})
 

@@ -23,6 +23,8 @@ Besides the table it measures
     time side by side,
   * per-op overhead: 10,000 small adds in strict mode vs host eager, and the
     fused-mode tracing cost per op,
+  * runtimes: TORCHTPU_RUNTIME=jaxlib vs pjrt side by side in fresh processes (strict add vs
+    eager, GPT strict/fused/compiled steps, cold first step; bench/runtimes.py, runs alone too),
   * input pipeline: large images through a small CNN, uploading in the loop vs
     torchtpu.data.DeviceLoader(prefetch=2) (bench/input_pipeline.py; runs alone too),
   * distributed: DDP and FSDP2 steps under torchrun, 2 processes vs 1 (executables and
@@ -74,6 +76,7 @@ import torch  # noqa: E402
 from common import RESULTS_DIR, markdown_table, results_path, write_results  # noqa: E402
 from distributed import distributed_table, run_distributed  # noqa: E402
 from input_pipeline import input_table, run_input  # noqa: E402
+from runtimes import run_runtimes, runtimes_table  # noqa: E402
 from varlen import run_varlen, varlen_table  # noqa: E402
 from generate import generate_table, ms_of, run_generate  # noqa: E402
 from models import (GPT, GPTConfig, LSTMLM, LSTMConfig, ResNet, ResNetConfig, count_params,  # noqa: E402
@@ -82,7 +85,8 @@ from models import (GPT, GPTConfig, LSTMLM, LSTMConfig, ResNet, ResNetConfig, co
 ALL_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile", "eager", "inductor", "jax")
 TPU_VARIANTS = ("tpu-strict", "tpu-fused", "tpu-compile")
 ALL_MODELS = ("gpt", "resnet", "lstm")
-ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "input", "distributed", "varlen", "generate")
+ALL_SECTIONS = ("main", "firststep", "scaling", "scan", "perop", "runtimes", "input", "distributed", "varlen",
+                "generate")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -857,7 +861,7 @@ def versions(torchtpu):
 
 
 def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final, input_pipeline=None,
-         distributed=None, scan=None, varlen=None, generate=None):
+         distributed=None, scan=None, varlen=None, runtimes=None, generate=None):
     """Builds the report; prints it when final; writes the .json/.md (and .png when final).
     Called after every variant too, so a run killed by a timeout keeps what it measured."""
     if True:
@@ -889,6 +893,8 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
                          scan_table(scan), ""]
         if perop:
             sections += ["## Per-op overhead\n", perop_table(perop), ""]
+        if runtimes:
+            sections += ["## Runtimes: jaxlib vs pjrt (fresh processes, side by side)\n", runtimes_table(runtimes), ""]
         if input_pipeline:
             sections += ["## Input pipeline: prefetch vs none\n", input_table(input_pipeline), ""]
         if distributed:
@@ -911,8 +917,8 @@ def emit(args, meta, platform, size, results, first_steps, scaling, perop, t_beg
             header = (f"# torchtpu benchmarks: platform {platform}, size {size}\n\n"
                       f"{time.strftime('%Y-%m-%d %H:%M')}; " + ", ".join(f"{k} {v}" for k, v in meta.items()) + "\n\n")
             payload = dict(results=results, targets=trows, first_steps=first_steps, scaling=scaling, scan=scan,
-                           perop=perop, input_pipeline=input_pipeline, distributed=distributed, varlen=varlen,
-                           generate=generate, loss_check=loss_check)
+                           perop=perop, runtimes=runtimes, input_pipeline=input_pipeline, distributed=distributed,
+                           varlen=varlen, generate=generate, loss_check=loss_check)
             name = f"{platform}-{args.tag}" if args.tag else platform
             jpath = write_results(name, [payload], meta=meta)
             base = os.path.splitext(results_path(name))[0]
@@ -974,11 +980,11 @@ def main(argv=None):
             ap.error(f"unknown model {m!r}")
 
     need_tpu = (any(v in TPU_VARIANTS for v in variants) and "main" not in skip) or \
-        not {"firststep", "scaling", "scan", "perop", "input", "distributed", "varlen", "generate"} <= skip
+        not {"firststep", "scaling", "scan", "perop", "runtimes", "input", "distributed", "varlen", "generate"} <= skip
     torchtpu = load_torchtpu() if need_tpu else None
     if torchtpu is None:
         variants = [v for v in variants if v not in TPU_VARIANTS]
-        skip |= {"firststep", "scaling", "scan", "input", "distributed", "varlen"}
+        skip |= {"firststep", "scaling", "scan", "runtimes", "input", "distributed", "varlen"}
     if torchtpu is not None:
         platform = torchtpu.platform()
     elif "jax" in variants:
@@ -997,7 +1003,7 @@ def main(argv=None):
 
     setups = model_setups(size, args.batch)
     results, first_steps, scaling, perop, input_pipeline, distributed, scan, varlen = [], [], [], None, None, None, [], None
-    generate = None
+    runtimes, generate = None, None
     if "main" not in skip:
         print("\n== training steps, side by side ==")
         results = run_main(models, variants, setups, args, torchtpu,
@@ -1009,6 +1015,12 @@ def main(argv=None):
             perop = run_perop(torchtpu)
         except Exception as exc:
             print("per-op benchmark FAILED:", exc)
+    if "runtimes" not in skip:
+        print("\n== runtimes: jaxlib vs pjrt, side by side in fresh processes ==")
+        try:
+            runtimes = run_runtimes(size=size, timeout=args.child_timeout * 3)
+        except Exception as exc:
+            print("runtimes benchmark FAILED:", str(exc)[:800])
     if "input" not in skip:
         print("\n== input pipeline: prefetch vs none ==")
         try:
@@ -1045,7 +1057,8 @@ def main(argv=None):
         first_steps = run_first_steps(specs, args)
 
     emit(args, meta, platform, size, results, first_steps, scaling, perop, t_begin, final=True,
-         input_pipeline=input_pipeline, distributed=distributed, scan=scan, varlen=varlen, generate=generate)
+         input_pipeline=input_pipeline, distributed=distributed, scan=scan, varlen=varlen, runtimes=runtimes,
+         generate=generate)
     if _OWN_CACHE:
         import shutil
         shutil.rmtree(_OWN_CACHE, ignore_errors=True)

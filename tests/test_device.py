@@ -233,7 +233,8 @@ def test_missing_jax_is_an_import_error(tmp_path):
     blocker = tmp_path / "jax"
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('No module named jax (test)')\n")
-    result = run_python("import torchtpu", PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    result = run_python("import torchtpu", PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                        TORCHTPU_RUNTIME="jaxlib")  # the PJRT runtime needs no jax (tests/test_pjrt_runtime.py)
     assert result.returncode != 0
     assert "ImportError" in result.stderr and "pip install 'jax[cpu]" in result.stderr
 

@@ -99,3 +99,6 @@ def test_build_splits_sources_into_common_library_and_glue(tmp_path):
     assert glue == {f"csrc/{rel}" for rel in expected}
     assert core == {f"csrc/{rel}" for rel in sources - expected}
     assert "csrc/runtime/jaxlib_runtime.cpp" in glue and "csrc/runtime/runtime.cpp" in core
+    # The PJRT runtime is torch- and Python-free (built once); its Python bindings are glue.
+    assert {"csrc/runtime/pjrt_runtime.cpp", "csrc/runtime/pjrt_plugin.cpp", "csrc/runtime/pjrt_options.cpp"} <= core
+    assert "csrc/python/pjrt.cpp" in glue

@@ -5,6 +5,7 @@ import glob
 import gzip
 import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -161,8 +162,13 @@ def test_trace_writes_the_torch_trace_and_jax_device_timeline(mode, tmp_path):
     logdir = tmp_path / "prof"
     model = torch.nn.Linear(8, 8).to("tpu")
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(5)).to("tpu")
-    with torchtpu.profiler.trace(logdir) as prof:
-        model(x).sum().item()
+    pjrt = torchtpu._C.runtime_info()["runtime"] == "pjrt"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torchtpu.profiler.trace(logdir) as prof:
+            model(x).sum().item()
+    # The PJRT runtime's executables run in its plugin, whose profiler jax's does not see.
+    assert pjrt == any("whose profiler is not connected yet" in str(w.message) for w in caught)
     assert any(e.key.startswith("torchtpu::flush#observation") for e in prof.key_averages())
     with open(logdir / torchtpu.profiler.TORCH_TRACE_NAME) as f:
         names = {e.get("name", "") for e in json.load(f)["traceEvents"]}
@@ -173,7 +179,7 @@ def test_trace_writes_the_torch_trace_and_jax_device_timeline(mode, tmp_path):
     (perfetto,) = glob.glob(run + "/perfetto_trace.json.gz")
     with gzip.open(perfetto) as f:
         device_events = json.load(f)["traceEvents"]
-    assert any("xecute" in str(e.get("name", "")) for e in device_events)
+    assert pjrt or any("xecute" in str(e.get("name", "")) for e in device_events)
 
 
 def test_trace_stops_both_profilers_when_the_block_raises(tmp_path):

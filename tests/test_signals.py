@@ -85,7 +85,10 @@ def test_startup_interrupted(autoload):
     # "1": `import torch` autoloads torchtpu; "0": torch first, then `import torchtpu`. The
     # child stops inside jax's get_backend, called by torchtpu's C++ start-up at the first
     # tpu use, until the signal comes (signals_child.wait_for_signal_in_startup).
-    rc, lines = run_child(["startup"], env={"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload}, delay=0)
+    # jaxlib's start-up runs Python (jax's get_backend), where the Ctrl-C lands; the PJRT
+    # runtime's is C++ only, and the interrupt comes at the next Python line.
+    env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": autoload, "TORCHTPU_RUNTIME": "jaxlib"}
+    rc, lines = run_child(["startup"], env=env, delay=0)
     output = "\n".join(lines)
     assert rc == 0 and marks(lines, "HANDLED", "startup"), output
     assert not any(line.startswith("FINISHED") for line in lines), output

@@ -29,9 +29,12 @@ def _initialize():
     _C = _versions.load_core(torch.__version__)  # the glue compiled for this torch minor
 
     local_rank, local_world_size = _process_layout()
-    # The runtime (jaxlib's client) starts at the first tpu use, so that a torchrun process
-    # can join the job's distributed runtime first (torchtpu.distributed).
-    _C.configure(settings.platform, settings.num_devices, local_rank, local_world_size)
+    # The runtime (jaxlib's client or a PJRT plugin's, TORCHTPU_RUNTIME) starts at the first
+    # tpu use, so that a torchrun process can join the job's distributed runtime first
+    # (torchtpu.distributed).
+    from torchtpu import _pjrt
+
+    _pjrt.configure(_C, settings, local_rank, local_world_size)
     _C.set_fallback_policy(settings.fallback)
     _C.set_cache_dir(settings.cache_dir)
     _C.set_dump_dir(settings.dump_dir)

@@ -24,11 +24,13 @@ import functools
 import inspect
 import threading
 
-import jax
-import jax.numpy as jnp
 import torch
 
-from torchtpu import _C, jax_interop
+from torchtpu import _C, _lazy, jax_interop
+
+# Imported at the first lowering: a plain model needs no jax.
+jax = _lazy.module("jax")
+jnp = _lazy.module("jax.numpy")
 
 __all__ = ["install", "lowered_ops"]
 

@@ -142,6 +142,7 @@ def _runtime_lines(problems: list[str]) -> list[str]:
         count = torch.tpu.device_count()
         lines = [f"platform  {name}  (choose with TORCHTPU_PLATFORM=cpu|cuda|tpu)",
                  f"devices   {count}: " + ", ".join(f"tpu:{i} {torch.tpu.get_device_name(i)}" for i in range(count))]
+        lines += _runtime_source(torchtpu._C.runtime_info())
         value = (torch.ones(2, device="tpu") + 1).cpu().tolist()
         if value != [2.0, 2.0]:
             problems.append(f"ones(2) + 1 on tpu:0 gave {value}, expected [2.0, 2.0]: please report this")
@@ -151,6 +152,23 @@ def _runtime_lines(problems: list[str]) -> list[str]:
     except Exception as error:  # a platform that does not start is the report's subject
         problems.append(f"the runtime did not start: {error}")
         return []
+
+
+def _runtime_source(info: dict) -> list[str]:
+    """Which runtime reaches XLA, and for the PJRT one the plugin, its API version and the
+    package it came from."""
+    choose = "(TORCHTPU_RUNTIME=jaxlib|pjrt)"
+    if info.get("runtime") != "pjrt":
+        return [f"runtime   jaxlib  {choose}: {info.get('version', '')}"]
+    from torchtpu import _pjrt
+
+    path = info.get("plugin", "")
+    origin = "TORCHTPU_PJRT_PLUGIN" if os.environ.get("TORCHTPU_PJRT_PLUGIN") else _pjrt.distribution_of(path)
+    details = ", ".join(f"{key} {info[key]}" for key in ("stablehlo_current_version", "xla_version") if key in info)
+    return [f"runtime   pjrt  {choose}",
+            f"plugin    {path}",
+            f"          PJRT C API {info.get('pjrt_api_version', '?')}, from {origin}"
+            + (f" ({details})" if details else "")]
 
 
 def report(problems: list[str], runtime) -> str:

@@ -2,6 +2,9 @@
 starts: a bad value is a ValueError that names the variable and the values it accepts.
 
     TORCHTPU_PLATFORM        tpu | cuda | cpu (default: the best one present)
+    TORCHTPU_RUNTIME         jaxlib (default) | pjrt: how XLA is reached (docs/ARCHITECTURE.md)
+    TORCHTPU_PJRT_PLUGIN     the PJRT plugin's .so for the pjrt runtime (default: the
+                             installed plugin of the platform, torchtpu/_pjrt.py)
     TORCHTPU_MODE            fused (default) | strict | debug
     TORCHTPU_FALLBACK        warn (default) | error | silent
     TORCHTPU_NUM_DEVICES     devices of the cpu platform, a positive integer (default 1)
@@ -24,11 +27,15 @@ import re
 PLATFORMS = ("cpu", "cuda", "tpu")
 MODES = ("debug", "strict", "fused")
 FALLBACKS = ("warn", "error", "silent")
+RUNTIMES = ("jaxlib", "pjrt")
+DEFAULT_RUNTIME = "jaxlib"
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     platform: str              # "" = the best platform present
+    runtime: str               # "jaxlib" | "pjrt"
+    pjrt_plugin: str           # "" = the installed plugin of the platform
     mode: str
     fallback: str
     num_devices: int
@@ -47,6 +54,8 @@ def read(environ=os.environ) -> Settings:
         cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "torchtpu")
     return Settings(
         platform=_platform(environ.get("TORCHTPU_PLATFORM", "")),
+        runtime=_choice(environ, "TORCHTPU_RUNTIME", RUNTIMES, DEFAULT_RUNTIME),
+        pjrt_plugin=_plugin_file(environ.get("TORCHTPU_PJRT_PLUGIN", "")),
         mode=_choice(environ, "TORCHTPU_MODE", MODES, "fused"),
         fallback=_choice(environ, "TORCHTPU_FALLBACK", FALLBACKS, "warn"),
         num_devices=_positive(environ, "TORCHTPU_NUM_DEVICES") or 1,
@@ -137,6 +146,18 @@ def _platform(raw: str) -> str:
         raise ValueError(f"TORCHTPU_PLATFORM={value!r} is not a platform; valid platforms are "
                          f"{', '.join(PLATFORMS)} (present here: {', '.join(present) or 'none'})")
     return value
+
+
+def _plugin_file(path: str) -> str:
+    """TORCHTPU_PJRT_PLUGIN: empty, or a file (whether it is a PJRT plugin is found when the
+    runtime starts, which names the plugin and the fix)."""
+    path = path.strip()
+    if path and not os.path.isfile(os.path.expanduser(path)):
+        from torchtpu._pjrt import CPU_FIX
+
+        raise ValueError(f"TORCHTPU_PJRT_PLUGIN={path!r} is not valid: no such file; set it to a PJRT "
+                         f"plugin's shared library, or unset it to use the installed plugin ({CPU_FIX})")
+    return os.path.abspath(os.path.expanduser(path)) if path else ""
 
 
 def _directory(name: str, path: str, alternative: str) -> str:

@@ -127,11 +127,15 @@ def torch_problem(torch_version: str, glues: dict) -> str | None:
             "against this torch: `make build` in a source checkout, or pip install --no-build-isolation <source>)")
 
 
-def problems(torch_version: str, glues: dict, jax: str | None, jaxlib: str | None) -> list[str]:
-    """What keeps this install from loading, each with its fix; empty when all is well."""
+def problems(torch_version: str, glues: dict, jax: str | None, jaxlib: str | None,
+             jax_required: bool = True) -> list[str]:
+    """What keeps this install from loading, each with its fix; empty when all is well. Without
+    `jax_required` (the PJRT runtime) a missing jax is no problem, one outside the range is."""
     found = [p for p in [torch_problem(torch_version, glues)] if p]
     for name, version in (("jax", jax), ("jaxlib", jaxlib)):
         if version is None:
+            if not jax_required:
+                continue
             found.append(f"torchtpu needs {name}{JAX_REQUIREMENT}, which is not installed. "
                          f"Fix: {jax_install_command()}")
         elif not JAX_OLDEST <= release(version) <= JAX_NEWEST:
@@ -145,13 +149,15 @@ def check_versions() -> None:
     """Raises ImportError, before anything loads _C, when this environment cannot run it."""
     import torch
 
-    found = problems(torch.__version__, built_glues(), installed("jax"), installed("jaxlib"))
+    # TORCHTPU_RUNTIME=pjrt runs models without jax; JAX interop and linalg import it at first use.
+    jax_required = os.environ.get("TORCHTPU_RUNTIME", "").strip().lower() != "pjrt"
+    found = problems(torch.__version__, built_glues(), installed("jax"), installed("jaxlib"), jax_required)
     import torchtpu_autoload
 
     claimed = torchtpu_autoload.device_claimed_elsewhere()
     if claimed is not None:  # torch_tpu (or another backend) owns PrivateUse1: never register twice
         found.append(torchtpu_autoload.claim_message(claimed))
-    if not found:
+    if not found and jax_required:
         try:  # installed is not importable: a broken install, or a folder named jax in the way
             import jax  # noqa: F401
             import jaxlib  # noqa: F401

@@ -45,9 +45,22 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _joined() -> bool:
+    return _C.distributed_joined() or _C.pjrt_distributed_joined()
+
+
 def _join_job(store, rank: int, world_size: int, timeout_s: float) -> None:
-    """Joins jax's distributed runtime (once per process, from the world group)."""
-    if world_size == 1 or _C.distributed_joined():
+    """Joins jax's distributed runtime (once per process, from the world group); under the
+    PJRT runtime (cuda/tpu) the plugin's client exchanges its ids through the job's store."""
+    if world_size == 1 or _joined():
+        return
+    if _C.pjrt_selected():
+        if not _C.join_distributed_pjrt(store, rank, world_size):
+            raise RuntimeError(
+                "torchtpu: tpu tensors were used before torch.distributed.init_process_group(), so this process's "
+                "tpu runtime cannot join the job any more. Call init_process_group() before creating tpu tensors "
+                "or models (under torchrun, each process then drives tpu:LOCAL_RANK).")
+        atexit.register(_run_pending_collectives)
         return
     store.set(f"{_ARRIVED_KEY}/{rank}", "1")
     if rank == 0:
@@ -105,7 +118,7 @@ def _create_backend(options, backend_options=None):
     if not ranks:  # the default (world) group
         ranks = list(range(size))
         _join_job(options.store, options.group_rank, size, timeout_s)
-    elif size > 1 and not _C.distributed_joined():
+    elif size > 1 and not _joined():
         raise RuntimeError(
             "torchtpu: the first process group using the tpu backend must span every rank; create the default "
             "group with it (init_process_group() or backend=\"cpu:gloo,tpu:tpu\") before subgroups")

@@ -21,12 +21,13 @@ import re
 import threading
 from typing import Callable, NamedTuple, Sequence
 
-import jax
 import numpy
 import torch
 import torch.utils._pytree as torch_pytree
 
-from torchtpu import _C
+from torchtpu import _C, _lazy, _pjrt
+
+jax = _lazy.module("jax")  # imported at the first use: a plain model needs no jax
 
 __all__ = ["to_jax", "from_jax", "jax_op", "register_jax_op", "JaxOp"]
 
@@ -44,6 +45,18 @@ _TORCH_DTYPE_OF_CODE = {
 _WIDE = (torch.float64, torch.int64)
 
 
+def _require_jax() -> None:
+    """Imports jax now; without it, an ImportError naming the fix (under TORCHTPU_RUNTIME=pjrt a
+    plain model runs without jax, these features do not)."""
+    try:
+        import jax  # noqa: F401
+    except ImportError as error:
+        from torchtpu import _versions
+
+        raise ImportError(f"{error}; torchtpu's JAX interop, jax_op and linear algebra need jax. "
+                          f"Fix: {_versions.jax_install_command()}") from error
+
+
 def to_jax(tensor: torch.Tensor) -> jax.Array:
     """The jax.Array sharing `tensor`'s device buffer (pending work for it runs first).
 
@@ -52,6 +65,7 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"torchtpu.to_jax expects a torch.Tensor, got {type(tensor).__name__}")
+    _require_jax()
     if tensor.requires_grad:
         tensor = tensor.detach()
     return _C.to_jax(tensor)
@@ -60,6 +74,7 @@ def to_jax(tensor: torch.Tensor) -> jax.Array:
 def from_jax(array: jax.Array) -> torch.Tensor:
     """A tpu tensor sharing the device buffer of `array` (a single-device jax.Array on one
     of torchtpu's devices): no copy."""
+    _require_jax()
     if not isinstance(array, jax.Array):
         raise TypeError(f"torchtpu.from_jax expects a jax.Array, got {type(array).__name__}")
     if array.dtype.name not in _JAX_DTYPE_NAMES.values():
@@ -94,11 +109,13 @@ def lower(name: str, fn: Callable, types: Sequence[tuple], x64: bool = False) ->
     """Lowers `fn` for inputs of `types` ((shape, torch dtype), ...) on torchtpu's platform
     and registers the StableHLO with the core. JAX's 64-bit mode is on with `x64` or when an
     input is 64-bit. No caching here: callers cache per signature."""
+    _require_jax()
     specs = [jax.ShapeDtypeStruct(tuple(shape), jax_dtype(dtype)) for shape, dtype in types]
     with _x64(x64 or any(dtype in _WIDE for _, dtype in types)):
         # keep_unused: the module takes every input, in order, as the call node passes them.
         traced = jax.jit(fn, keep_unused=True).trace(*specs)
         text = traced.lower(lowering_platforms=(_C.platform(),)).as_text()
+    _pjrt.register_custom_calls(text)
     key = _C.register_stablehlo(name, text)
     out_types = tuple((tuple(shape), _TORCH_DTYPE_OF_CODE[code]) for shape, code in _C.stablehlo_results(key))
     return Lowered(key, traced.out_tree, out_types)

@@ -95,6 +95,10 @@ def trace(logdir: str | os.PathLike, *, python_tracer: bool = False, **profile_k
     """
     import jax.profiler
 
+    if _C.runtime_info().get("runtime") == "pjrt":
+        warnings.warn("torchtpu.profiler.trace: under TORCHTPU_RUNTIME=pjrt the XLA timeline (plugins/profile) holds "
+                      "jax's own work only: torchtpu's executables run in the PJRT plugin, whose profiler is not "
+                      "connected yet; set TORCHTPU_RUNTIME=jaxlib to see them there", stacklevel=3)
     logdir = os.fspath(logdir)
     os.makedirs(logdir, exist_ok=True)
     _C.sync(True, "sync")  # earlier work stays out of the traces

@@ -34,6 +34,9 @@ class Mesh:
     """
 
     def __init__(self, shape: Sequence[int] | int, axis_names: Sequence[str] | str, devices: Iterable[int] | None = None):
+        if _C.pjrt_selected():  # its executables run on one device each: no SPMD partitioner behind them
+            raise RuntimeError("torchtpu.spmd needs the jaxlib runtime (TORCHTPU_RUNTIME=jaxlib, the default); the "
+                               "pjrt runtime (TORCHTPU_RUNTIME=pjrt) runs each executable on one device")
         shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
         axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
         if len(shape) != len(axis_names):

@@ -14,7 +14,7 @@ _object* tensor_to_jax(const at::Tensor& t) {
   ValuePtr value = value_of(t, t.device().index());
   BufferPtr buffer = Engine::get().materialize(value);
   buffer->shared_outside = true;
-  return jax_array_of(*buffer);
+  return jax_array_of(buffer);
 }
 
 at::Tensor tensor_from_jax(_object* array) {

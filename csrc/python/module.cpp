@@ -33,6 +33,7 @@ using namespace torchtpu;
 namespace torchtpu {
 void init_buckets(py::module_& m);     // python/buckets.cpp
 void init_cpu_kernel(py::module_& m);  // python/cpu_kernel.cpp
+void init_pjrt(py::module_& m);        // python/pjrt.cpp
 void init_spmd(py::module_& m);        // python/spmd.cpp
 }  // namespace torchtpu
 
@@ -171,6 +172,7 @@ PYBIND11_MODULE(_C, m) {
   });
   init_buckets(m);
   init_cpu_kernel(m);
+  init_pjrt(m);
   init_spmd(m);
 
   m.def("configure", [](const std::string& platform, int cpu_devices, int local_rank, int local_world_size) {

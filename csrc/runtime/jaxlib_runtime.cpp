@@ -170,13 +170,6 @@ DLDataType dlpack_dtype(DType dtype) {
   return t;
 }
 
-// Whether a module's text holds float16 or bfloat16 values.
-bool has_reduced_precision_floats(const std::string& module_text) {
-  for (const char* type : {"xf16>", "<f16>", "xbf16>", "<bf16>"})
-    if (module_text.find(type) != std::string::npos) return true;
-  return false;
-}
-
 class JaxlibRuntime final : public Runtime {
  public:
   JaxlibRuntime(py::object client, std::string platform, const ProcessLayout& layout)
@@ -192,9 +185,7 @@ class JaxlibRuntime final : public Runtime {
     py::object version = py::module_::import("jaxlib.version").attr("__version__");
     version_ = "jaxlib " + version.cast<std::string>() + " " + platform_ + " " +
                client_.attr("platform_version").cast<std::string>();
-    // The version keys the disk cache: executables compiled before compile_options turned
-    // YNNPACK's fusions off stay apart.
-    if (platform_ == "cpu") version_ += " (no YNNPACK fusions for float16/bfloat16)";
+    if (platform_ == "cpu") version_ += kYnnVersionNote;
     numpy_ = py::module_::import("numpy");
     make_array_from_single_device_arrays_ = py::module_::import("jax").attr("make_array_from_single_device_arrays");
     if (platform_ != "cpu") {
@@ -224,7 +215,7 @@ class JaxlibRuntime final : public Runtime {
       DeferredInterrupt defer;
       py::object exe =
           client_.attr("compile_and_load")(py::bytes(module_text), devices,
-                                           compile_options(options, has_reduced_precision_floats(module_text)));
+                                           compile_options(options, ynn_fusions_off(platform_, module_text, options.excess_precision)));
       return std::make_shared<JaxExecutable>(std::move(exe), options.mesh);
     } catch (py::error_already_set& e) {
       rethrow("compiling a graph", e);
@@ -558,8 +549,8 @@ class JaxlibRuntime final : public Runtime {
   // Options that bind an executable to one device, to the replicas' devices for a module
   // with collectives (this process runs the replica whose device is its own), or to a mesh
   // (one replica, a partition per device, XLA's SPMD partitioner).
-  // `reduced_precision_floats`: the module holds float16/bfloat16 values (only a compile reads it).
-  py::object compile_options(const CompileOptions& compile, bool reduced_precision_floats = false) {
+  // `no_ynn_fusions`: turn YNNPACK's fusions off (runtime.h ynn_fusions_off; only a compile reads it).
+  py::object compile_options(const CompileOptions& compile, bool no_ynn_fusions = false) {
     const std::vector<int64_t>& replica_devices = compile.replica_devices;
     py::object options = xla_client_.attr("CompileOptions")();
     py::object build = options.attr("executable_build_options");
@@ -597,14 +588,8 @@ class JaxlibRuntime final : public Runtime {
     // to pow unrounded), so a fused graph would differ from the same ops run one by one.
     py::list overrides;
     overrides.append(py::make_tuple("xla_allow_excess_precision", compile.excess_precision));
-    // XLA:CPU hands reductions and dots, with the elementwise ops next to them, to YNNPACK (a
-    // "__ynn_fusion"), which keeps float16/bfloat16 intermediates unrounded whatever
-    // xla_allow_excess_precision says (jaxlib 0.10): bfloat16 (x * y).mean(-1) summed the
-    // unrounded products, and LIBRARY_FUSION_TYPE_DOT fused (x @ y) * 0.1 without rounding the
-    // product. An empty list turns them off; only for modules with such values: float32 modules
-    // keep them (without, bench/run.py's GPT and ResNet steps took 2-15% longer).
-    if (platform_ == "cpu" && reduced_precision_floats && !compile.excess_precision)
-      overrides.append(py::make_tuple("xla_cpu_experimental_ynn_fusion_type", ""));
+    for (const auto& [name, value] : kFixedXlaOptions) overrides.append(py::make_tuple(name, value));
+    if (no_ynn_fusions) overrides.append(py::make_tuple("xla_cpu_experimental_ynn_fusion_type", ""));
     options.attr("env_option_overrides") = overrides;
     return options;
   }
@@ -718,12 +703,6 @@ class JaxlibRuntime final : public Runtime {
 std::mutex g_runtime_mutex;  // held while the runtime starts or the process joins a job
 int g_collective_timeout_s = 0;  // set when joining a job: the process group's timeout
 
-JaxlibRuntime& jaxlib_runtime() {
-  auto* rt = dynamic_cast<JaxlibRuntime*>(&runtime());
-  if (!rt) throw std::logic_error("torchtpu: JAX interop needs the jaxlib runtime");
-  return *rt;
-}
-
 // The DType of a numpy dtype name ("float32", "bfloat16", ...), as dtype_name() spells them.
 DType dtype_named(const std::string& name) {
   for (int code = 0; code < 32; ++code) {
@@ -808,13 +787,87 @@ Runtime* start_runtime_locked() {
 
 }  // namespace
 
-_object* jax_array_of(const DeviceBuffer& buffer) {
+namespace {
+
+void release_unused_capsule(PyObject* object) {
+  if (PyCapsule_IsValid(object, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(object, "dltensor"));
+    if (managed && managed->deleter) managed->deleter(managed);
+  }
+}
+
+// jax's CPU device with torchtpu's index, or its first (JAX may have fewer CPU devices).
+py::object jax_cpu_device(int index) {
+  py::list devices = py::module_::import("jax").attr("devices")("cpu");
+  return devices[index < static_cast<int>(devices.size()) ? index : 0];
+}
+
+// from_jax under a runtime whose buffers are host memory (PJRT on CPU): a view of the
+// array's memory that keeps the array alive. The GIL is held.
+BufferPtr view_of_jax_array(py::handle array, py::handle device, const TensorType& type) {
+  Runtime& rt = runtime();
+  std::string platform = py::str(device.attr("platform"));
+  if (platform != "cpu" || rt.platform() != "cpu")
+    throw std::invalid_argument("torchtpu.from_jax: the jax.Array is on " + py::str(device).cast<std::string>() +
+                                "; torchtpu's PJRT runtime on platform " + rt.platform() +
+                                " shares memory with JAX's cpu arrays only (set TORCHTPU_RUNTIME=jaxlib to share "
+                                "device arrays)");
+  int id = device.attr("id").cast<int>();
+  int index = id < rt.device_count() ? id : 0;
+  array.attr("block_until_ready")();  // the runtime reads the memory without asking JAX
+  void* data = reinterpret_cast<void*>(array.attr("unsafe_buffer_pointer")().cast<uintptr_t>());
+  PyObject* keep = py::reinterpret_borrow<py::object>(array).release().ptr();
+  auto release = [keep] {
+    if (!python_alive()) return;  // the interpreter is gone: leak the reference
+    py::gil_scoped_acquire gil;
+    Py_DECREF(keep);
+  };
+  py::gil_scoped_release unlocked;  // release() may run here and take the GIL
+  return rt.view_of(data, type, index, release);
+}
+
+}  // namespace
+
+// The jax.Array adopted for each shared buffer while it lives (weakly: the array holds the
+// buffer), so that sharing a buffer twice gives the same array, as jaxlib's buffers do.
+// Under the GIL.
+std::map<const DeviceBuffer*, py::object>& arrays_of_shared_buffers() {
+  static auto& arrays = *new std::map<const DeviceBuffer*, py::object>();
+  return arrays;
+}
+
+_object* jax_array_of(const BufferPtr& buffer) {
+  if (auto* jax_buffer = dynamic_cast<const JaxBuffer*>(buffer.get())) {
+    py::gil_scoped_acquire gil;
+    return jax_buffer->array.inc_ref().ptr();
+  }
+  {
+    py::gil_scoped_acquire gil;
+    auto known = arrays_of_shared_buffers().find(buffer.get());
+    if (known != arrays_of_shared_buffers().end()) {
+      py::object array = known->second();  // the weak reference
+      if (!array.is_none()) return array.release().ptr();
+    }
+  }
+  // Another runtime's buffer in host memory: JAX adopts it through DLPack without a copy
+  // (dlpack_managed_tensor_to_buffer keeps int64, which jax.dlpack would narrow).
+  DLManagedTensor* shared = runtime().share(buffer);  // waits for the contents, holds the buffer
   py::gil_scoped_acquire gil;
-  return static_cast<const JaxBuffer&>(buffer).array.inc_ref().ptr();
+  py::capsule capsule(shared, "dltensor", release_unused_capsule);
+  try {
+    py::object convert = py::module_::import("jax._src.lib").attr("_jax").attr("dlpack_managed_tensor_to_buffer");
+    py::object array = convert(capsule, jax_cpu_device(buffer->device), py::none());
+    const DeviceBuffer* key = buffer.get();
+    py::cpp_function forget([key](py::handle) { arrays_of_shared_buffers().erase(key); });
+    arrays_of_shared_buffers()[key] = py::weakref(array, forget);
+    return array.release().ptr();
+  } catch (py::error_already_set& e) {
+    rethrow("sharing a tensor with JAX", e);
+  }
 }
 
 BufferPtr buffer_of_jax_array(_object* object) {
-  JaxlibRuntime& rt = jaxlib_runtime();
+  auto* rt = dynamic_cast<JaxlibRuntime*>(&runtime());
   py::gil_scoped_acquire gil;
   py::handle array(object);
   py::object array_type = py::module_::import("jax").attr("Array");
@@ -828,13 +881,14 @@ BufferPtr buffer_of_jax_array(_object* object) {
     if (devices.size() != 1)
       throw std::invalid_argument("torchtpu.from_jax: the jax.Array spans " + std::to_string(devices.size()) +
                                   " devices; pass one shard (array.addressable_shards[i].data)");
-    int index = rt.device_index(devices[0]);
-    if (index < 0)
-      throw std::invalid_argument("torchtpu.from_jax: the jax.Array is on " + py::str(devices[0]).cast<std::string>() +
-                                  ", not on a device of torchtpu's platform " + rt.platform() +
-                                  "; jax.device_put it onto one of those first");
     TensorType type{array.attr("shape").cast<std::vector<int64_t>>(),
                     dtype_named(py::str(array.attr("dtype")).cast<std::string>())};
+    if (!rt) return view_of_jax_array(array, devices[0], type);
+    int index = rt->device_index(devices[0]);
+    if (index < 0)
+      throw std::invalid_argument("torchtpu.from_jax: the jax.Array is on " + py::str(devices[0]).cast<std::string>() +
+                                  ", not on a device of torchtpu's platform " + rt->platform() +
+                                  "; jax.device_put it onto one of those first");
     return std::make_shared<JaxBuffer>(py::reinterpret_borrow<py::object>(array), type, index);
   } catch (py::error_already_set& e) {
     rethrow("sharing a jax.Array", e);

@@ -33,9 +33,11 @@ struct RuntimeAlreadyStarted : std::logic_error {
 void join_distributed(const DistributedOptions& options);
 bool distributed_joined();
 
-// JAX interop (torchtpu.to_jax / from_jax), zero copy; both take the GIL themselves.
+// JAX interop (torchtpu.to_jax / from_jax), zero copy; both take the GIL themselves. The
+// jaxlib runtime's buffers are jax.Arrays; another runtime's (PJRT on CPU) are shared with
+// jax through their host memory (Runtime::share / view_of).
 // The jax.Array holding `buffer` (a new reference).
-_object* jax_array_of(const DeviceBuffer& buffer);
+_object* jax_array_of(const BufferPtr& buffer);
 // A buffer holding `array` (a single-device jax.Array on one of the runtime's devices);
 // throws std::invalid_argument for any other object, naming what is wrong.
 BufferPtr buffer_of_jax_array(_object* array);

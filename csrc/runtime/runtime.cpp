@@ -30,6 +30,13 @@ void adopt(Runtime* runtime) {
 std::atomic<InterruptTest> g_interrupt_test{nullptr};
 }  // namespace
 
+bool ynn_fusions_off(const std::string& platform, const std::string& module_text, bool excess_precision) {
+  if (platform != "cpu" || excess_precision) return false;
+  for (const char* type : {"xf16>", "<f16>", "xbf16>", "<bf16>"})  // float16/bfloat16 values
+    if (module_text.find(type) != std::string::npos) return true;
+  return false;
+}
+
 void set_interrupt_test(InterruptTest test) { g_interrupt_test.store(test); }
 
 bool is_interrupt(const std::exception_ptr& error) {

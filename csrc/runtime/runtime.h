@@ -1,5 +1,6 @@
 // The Runtime interface: compile StableHLO, run executables, move buffers (no torch or
-// Python headers). Every jaxlib call lives behind it, in jaxlib_runtime.cpp.
+// Python headers). Two implementations: jaxlib's client through pybind11
+// (jaxlib_runtime.cpp) and a PJRT C-API plugin called directly (pjrt_runtime.cpp).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/buffer.h"
@@ -67,6 +69,27 @@ struct CompileOptions {
   }
 };
 
+// XLA debug options every compile sets, whatever the runtime or platform: PyTorch's max/min
+// (and the reductions, cumulative ops and clamps built on them) propagate NaN, XLA's "fast"
+// ones do not; the CPU plugin built from jaxlib 0.11.2's XLA has them on by default (measured:
+// maximum(1e30, nan) gave 1e30).
+inline constexpr std::pair<const char*, bool> kFixedXlaOptions[] = {
+    {"xla_cpu_enable_fast_min_max", false},
+    {"xla_gpu_enable_fast_min_max", false},
+};
+
+// XLA:CPU hands reductions and dots, with the elementwise ops next to them, to YNNPACK (a
+// "__ynn_fusion"), which keeps float16/bfloat16 intermediates unrounded whatever
+// xla_allow_excess_precision says (jaxlib 0.10): bfloat16 (x * y).mean(-1) summed the
+// unrounded products, and LIBRARY_FUSION_TYPE_DOT fused (x @ y) * 0.1 without rounding the
+// product. Whether a compile must turn them off (xla_cpu_experimental_ynn_fusion_type set to
+// an empty list): only for modules with such values, float32 modules keep them (without,
+// bench/run.py's GPT and ResNet steps took 2-15% longer). Both runtimes ask this.
+bool ynn_fusions_off(const std::string& platform, const std::string& module_text, bool excess_precision);
+// Appended to a CPU runtime's version(), which keys the disk cache: executables compiled
+// before ynn_fusions_off existed stay apart.
+inline constexpr const char* kYnnVersionNote = " (no YNNPACK fusions for float16/bfloat16)";
+
 class Runtime {
  public:
   virtual ~Runtime() = default;
@@ -117,6 +140,18 @@ class Runtime {
   // from the host heap).
   virtual std::map<std::string, int64_t> memory_stats(int device) = 0;
 
+  // ---- zero-copy sharing with another framework in this process (JAX interop) ----------
+  // Runtimes whose buffers are host memory (the CPU platform) implement these; the jaxlib
+  // runtime's buffers are jax.Arrays already and need neither.
+  // A DLPack tensor over the buffer's memory, holding the buffer until its deleter runs.
+  virtual DLManagedTensor* share(const BufferPtr& buffer) {
+    throw std::logic_error("torchtpu: this runtime cannot share its buffers");
+  }
+  // A buffer over memory another framework owns (`data`, row-major `type`); `release` runs
+  // once the runtime no longer uses the memory, on whichever thread drops it.
+  virtual BufferPtr view_of(void* data, const TensorType& type, int device, std::function<void()> release) {
+    throw std::logic_error("torchtpu: this runtime cannot view foreign buffers");
+  }
 
   // ---- single-process SPMD (one partitioned executable over a mesh of local devices) -----
   // An executable compiled with CompileOptions::mesh takes sharded buffers in execute() (each
