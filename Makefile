@@ -154,7 +154,7 @@ wheel: $(WHEEL_VENV)/.ready
 # CUDA build and its CUDA libraries, GBs, run on CPU) and compiles its glue.
 RANGE_DIR   := build/torch-range
 RANGE_TESTS ?= tests/test_smoke.py tests/test_device.py tests/ops/test_shape.py \
-  tests/ops/test_dtype_refusals.py tests/test_coexistence.py \
+  tests/ops/test_dtype_refusals.py tests/test_coexistence.py tests/ops/test_rnn.py \
   tests/test_compile.py::test_disk_cache_second_process_compiles_nothing \
   tests/test_packaging.py::test_version_guard_messages \
   tests/test_packaging.py::test_loader_chooses_the_glue_for_the_torch_version \

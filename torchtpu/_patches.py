@@ -45,7 +45,7 @@ class Patch:
     """One change torchtpu makes to another project's code."""
 
     name: str
-    kind: str                  # "<library> attribute", or "<DispatchKey> kernel, replaces torch's / added"
+    kind: str                  # "<library> attribute", or "<DispatchKey> kernel, <relation>" (kernel_overrides.h)
     when: str                  # see the module's docstring
     targets: tuple[str, ...]   # what it changes: "torch.load", "aten::add_.Tensor", or a rule
     install: Callable | None = None  # None for the C++ kernels (torchtpu._C installs them)
@@ -92,7 +92,7 @@ def kernel_entries() -> list[Patch]:
     """torchtpu._C's kernels at dispatch keys every device goes through, as entries."""
     entries = []
     for info in _C.kernel_overrides():
-        kind = f"{info['key']} kernel, " + ("replaces torch's" if info["replaces"] else "added")
+        kind = f"{info['key']} kernel, {info['relation']}"
         targets = (info["rule"],) if info["rule"] else tuple(info["ops"])
         entries.append(Patch(info["name"], kind, "import", targets, None, "torch", "csrc/device/kernel_overrides.h"))
     return entries

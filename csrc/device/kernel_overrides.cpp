@@ -41,6 +41,18 @@ c10::OperatorName operator_name(const std::string& qualified_op) {
 
 }  // namespace
 
+const char* override_relation(OverrideKind kind) {
+  switch (kind) {
+    case OverrideKind::Replaces:
+      return "replaces torch's";
+    case OverrideKind::Adds:
+      return "added";
+    case OverrideKind::AddsOrReplaces:
+      return "added, or replaces torch's where a torch release has one";
+  }
+  return "";
+}
+
 void check_kernel_override(const std::string& name, const std::string& qualified_op, c10::DispatchKey key,
                            OverrideKind kind) {
   auto handle = c10::Dispatcher::singleton().findSchema(operator_name(qualified_op));
@@ -56,7 +68,7 @@ void check_kernel_override(const std::string& name, const std::string& qualified
 KernelOverride::KernelOverride(const char* name, const char* ns, c10::DispatchKey key, OverrideKind kind,
                                const char* rule) {
   auto entry = std::make_unique<Entry>();
-  entry->info = KernelOverrideInfo{name, c10::toString(key), rule ? rule : "", kind == OverrideKind::Replaces, {}, true};
+  entry->info = KernelOverrideInfo{name, c10::toString(key), rule ? rule : "", kind, {}, true};
   entry->ns = ns;
   entry->key = key;
   entry->library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, key, __FILE__, __LINE__);
@@ -74,8 +86,7 @@ KernelOverride& KernelOverride::impl(const std::string& op, torch::CppFunction f
   std::string qualified = entry->ns + "::" + op;
   if (!entry->library) throw std::logic_error("torchtpu kernel override '" + entry->info.name + "' was removed");
   try {
-    check_kernel_override(entry->info.name, qualified, entry->key,
-                          entry->info.replaces ? OverrideKind::Replaces : OverrideKind::Adds);
+    check_kernel_override(entry->info.name, qualified, entry->key, entry->info.kind);
     try {
       entry->library->impl(op.c_str(), std::move(fn));
     } catch (const std::exception& e) {  // a kernel whose signature is not the op's any more

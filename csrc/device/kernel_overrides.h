@@ -15,7 +15,13 @@ namespace torchtpu {
 enum class OverrideKind : uint8_t {
   Replaces,  // PyTorch has a kernel of its own there, which this one replaces
   Adds,      // PyTorch has none there (its fallback, or nothing, would run)
+  // PyTorch has one in some of the torch releases torchtpu supports and none in others
+  // (the GRU cell's Meta kernel arrived in torch 2.15): torchtpu's serves in every release.
+  AddsOrReplaces,
 };
+
+// How an entry relates to PyTorch's kernels, as `python -m torchtpu patches` says it.
+const char* override_relation(OverrideKind kind);
 
 // One entry: KernelOverride("meta add_ sub_", "aten", c10::DispatchKey::Meta, OverrideKind::Replaces)
 //                .impl("add_.Tensor", fn).impl("add_.Scalar", fn);
@@ -38,7 +44,7 @@ struct KernelOverrideInfo {
   std::string name;
   std::string key;    // "Meta", "Functionalize", ...
   std::string rule;   // "" when the entry lists its ops
-  bool replaces = false;
+  OverrideKind kind = OverrideKind::Adds;
   std::vector<std::string> ops;  // "aten::add_.Tensor", ...
   bool active = false;           // false once restored
 };

@@ -95,7 +95,7 @@ void register_kernel_overrides() {
     packed_sequences.impl(name, torch::CppFunction::makeFromBoxedFunction<&host_results_stay_plain_functionalize>());
   KernelOverride("meta fused LSTM cell", "aten", DispatchKey::Meta, OverrideKind::Replaces)
       .impl("_thnn_fused_lstm_cell", torch::CppFunction(TORCH_FN(fused_lstm_cell_meta)));
-  KernelOverride("meta fused GRU cell", "aten", DispatchKey::Meta, OverrideKind::Adds)
+  KernelOverride("meta fused GRU cell", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
       .impl("_thnn_fused_gru_cell", torch::CppFunction(TORCH_FN(fused_gru_cell_meta)))
       .impl("_thnn_fused_gru_cell_backward", torch::CppFunction(TORCH_FN(fused_gru_cell_backward_meta)));
 }

@@ -229,7 +229,7 @@ PYBIND11_MODULE(_C, m) {
       d["name"] = info.name;
       d["key"] = info.key;
       d["rule"] = info.rule;
-      d["replaces"] = info.replaces;
+      d["relation"] = override_relation(info.kind);
       d["ops"] = info.ops;
       d["active"] = info.active;
       out.append(d);
