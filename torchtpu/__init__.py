@@ -63,6 +63,9 @@ def _initialize():
     )
     __import__("torchtpu.integrations", fromlist=["_"]).install()  # torch fixes; library adapters on import
     __import__("torchtpu.distributed", fromlist=["_"]).install()  # torch.distributed's "tpu" backend
+    from torchtpu import _exit
+
+    _exit.install(_C)  # a tpu backward's last reference dropped before Python finalizes
     # torch.compile(backend="tpu") finds torchtpu.compiler through the torch_dynamo_backends
     # entry point (pyproject.toml): nothing to register here, and Dynamo stays unimported.
 
