@@ -424,16 +424,15 @@ std::string Engine::run_padded(Graph& g, BucketState::Structure& structure, cons
     if (!bad.empty()) return "the padded graph does not fit: " + bad;
   }
 
-  Graph padded;
-  padded.device = g.device;
-  padded.origin = g.origin;
+  std::vector<ValuePtr> padded_roots;
   std::unordered_set<const Value*> seen;
   for (const ValuePtr& out : run.outputs)
-    if (out->pending() && seen.insert(out.get()).second) padded.roots.push_back(out);
+    if (out->pending() && seen.insert(out.get()).second) padded_roots.push_back(out);
   g.params.clear();  // as above: the padded graph donates what the flush would have
   g.param_index.clear();
-  if (!padded.roots.empty()) {
-    collect_nodes(&padded, padded.roots);
+  Graph padded;
+  if (!padded_roots.empty()) {
+    padded = graph_of(std::move(padded_roots), g.device, nullptr, g.origin);
     carried_owners_ = std::move(carried);
     try {
       run_graph(padded);
@@ -493,11 +492,7 @@ bool Engine::unpad_params(Graph& g) {
 // A padded-only value read at its real size outside a graph (materialize): sliced now.
 void Engine::compute_unpadded(const ValuePtr& value) {
   make_unpad_node(value);
-  Graph g;
-  g.device = value->device;
-  if (hooks_.python_origin) g.origin = hooks_.python_origin();
-  g.roots = {value};
-  collect_nodes(&g, g.roots);
+  Graph g = graph_of({value}, value->device, nullptr, hooks_.python_origin ? hooks_.python_origin() : "");
   run_graph(g);
 }
 

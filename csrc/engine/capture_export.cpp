@@ -11,33 +11,31 @@ namespace torchtpu {
 
 Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, int device,
                                            const std::vector<std::pair<const Value*, int>>& donations) {
-  Graph graph;
-  graph.device = device;
-  graph.donate = false;
-  graph.donate_to_root = donations;
-  graph.mesh = roots.empty() ? nullptr : roots.front()->mesh;
-  if (hooks_.python_origin) graph.origin = hooks_.python_origin();
-  graph.roots = roots;
+  MeshPtr mesh = roots.empty() ? nullptr : roots.front()->mesh;
+  std::string origin = hooks_.python_origin ? hooks_.python_origin() : "";
+  std::vector<ValuePtr> all_roots = roots;
   // Other live pending values made by the captured code (functional views' bases, say)
   // are computed too, as a flush would: left pending, they would be recomputed later.
   std::unordered_set<const Value*> seen;
   for (const ValuePtr& r : roots) seen.insert(r.get());
   auto same_mesh = [&](const Value& v) {
-    return graph.mesh ? v.mesh && v.mesh->same_devices(*graph.mesh) : !v.mesh;
+    return mesh ? v.mesh && v.mesh->same_devices(*mesh) : !v.mesh;
   };
   for (auto& weak : pending_) {
     ValuePtr v = weak.lock();
     if (!v || !v->pending() || v->device != device || seen.count(v.get()) || !same_mesh(*v)) continue;
     if (v.use_count() - 1 > v->node_uses.load()) {
       seen.insert(v.get());
-      graph.roots.push_back(v);
+      all_roots.push_back(v);
     }
   }
-  take_pending_collectives(device, graph.roots);
+  take_pending_collectives(device, all_roots);
   CaptureRun run;
-  for (const ValuePtr& r : graph.roots) run.result_types.push_back(r->type);
-  if (graph.roots.empty()) return run;
-  collect_nodes(&graph, graph.roots);
+  for (const ValuePtr& r : all_roots) run.result_types.push_back(r->type);
+  if (all_roots.empty()) return run;
+  Graph graph = graph_of(std::move(all_roots), device, mesh, origin);
+  graph.donate = false;
+  graph.donate_to_root = donations;
   // Random nodes take (seed, offset) as their last two args; note them before running
   // (run_graph releases the nodes).
   std::vector<std::pair<size_t, size_t>> random_nodes;  // (node index, seed arg index)

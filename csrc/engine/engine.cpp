@@ -200,11 +200,7 @@ std::vector<ValuePtr> Engine::record(OpKind op, std::vector<Arg> args, std::vect
     if (++pending_ops_ >= max_pending_ops_) flush_locked(device, FlushReason::SizeLimit);
     return results;
   }
-  Graph graph;
-  graph.device = device;
-  graph.mesh = mesh;
-  graph.roots = results;
-  collect_nodes(&graph, graph.roots);
+  Graph graph = graph_of(results, device, mesh);
   run_graph(graph);
   if (mode == Mode::Debug) {
     for (const ValuePtr& v : results) runtime().wait(*v->buffer);

@@ -17,16 +17,7 @@ const Engine::NodeFacts& Engine::learn_node(Node& node, const std::vector<ValueP
   }
   if (hooks_.python_origin) node.origin = hooks_.python_origin();
   // Lowered alone, its operands as parameters: a rule that throws raises here, at the op.
-  Graph alone;
-  alone.device = node.device;
-  alone.nodes = {&node};
-  alone.node_index[&node] = 0;
-  for (const ValuePtr& v : node.operands) {
-    if (alone.param_index.count(v.get())) continue;
-    alone.param_index[v.get()] = static_cast<int>(alone.params.size());
-    alone.params.push_back(v);
-  }
-  alone.aliasing.assign(alone.params.size(), -1);
+  Graph alone = side_by_side({&node}, node.device, /*mesh=*/nullptr);
   alone.roots = results;
   lift_scalars(alone);
   std::vector<std::string> signature;
@@ -90,20 +81,7 @@ Node* Engine::first_failing_node(const std::vector<Node*>& suspects, int device,
 // Compiles `nodes` side by side, each reading its operands as parameters; on failure
 // `message` says why.
 bool Engine::compiles_alone(const std::vector<Node*>& nodes, int device, const MeshPtr& mesh, std::string* message) {
-  Graph bag;
-  bag.device = device;
-  bag.mesh = mesh;
-  bag.donate = false;
-  for (Node* node : nodes) {
-    bag.node_index[node] = static_cast<int>(bag.nodes.size());
-    bag.nodes.push_back(node);
-    for (const ValuePtr& v : node->operands) {
-      if (bag.param_index.count(v.get())) continue;
-      bag.param_index[v.get()] = static_cast<int>(bag.params.size());
-      bag.params.push_back(v);
-    }
-  }
-  bag.aliasing.assign(bag.params.size(), -1);
+  Graph bag = side_by_side(nodes, device, mesh);
   lift_scalars(bag);
   try {
     std::vector<std::string> signature;
@@ -135,22 +113,18 @@ bool Engine::drop_failed_roots(Graph& g) {
     if (error) failed.emplace(node, error);
   }
   if (failed.empty()) return false;
-  Graph kept;
-  kept.device = g.device;
-  kept.mesh = g.mesh;
-  kept.origin = g.origin;
+  std::vector<ValuePtr> kept;
   for (const ValuePtr& root : g.roots) {
     auto it = failed.find(root->node.get());
     if (it == failed.end()) {
-      kept.roots.push_back(root);
+      kept.push_back(root);
     } else {
       root->error = it->second;
       root->node.reset();
     }
   }
-  g = Graph();
-  if (!kept.roots.empty()) collect_nodes(&kept, kept.roots);
-  g = std::move(kept);
+  Graph rest = graph_of(std::move(kept), g.device, g.mesh, g.origin);
+  g = std::move(rest);
   return true;
 }
 

@@ -14,6 +14,34 @@ std::string argument_sharding(const Engine::Graph& g, size_t p) {
   return param->buffer && param->buffer->sharding ? param->buffer->sharding->hlo() : "{replicated}";
 }
 
+Engine::Graph graph_of(std::vector<ValuePtr> roots, int device, MeshPtr mesh, std::string origin) {
+  Engine::Graph g;
+  g.device = device;
+  g.mesh = std::move(mesh);
+  g.origin = std::move(origin);
+  g.roots = std::move(roots);
+  collect_nodes(&g, g.roots);
+  return g;
+}
+
+Engine::Graph side_by_side(const std::vector<Node*>& nodes, int device, MeshPtr mesh) {
+  Engine::Graph g;
+  g.device = device;
+  g.mesh = std::move(mesh);
+  g.donate = false;
+  for (Node* node : nodes) {
+    g.node_index[node] = static_cast<int>(g.nodes.size());
+    g.nodes.push_back(node);
+    for (const ValuePtr& v : node->operands) {
+      if (g.param_index.count(v.get())) continue;
+      g.param_index[v.get()] = static_cast<int>(g.params.size());
+      g.params.push_back(v);
+    }
+  }
+  g.aliasing.assign(g.params.size(), -1);
+  return g;
+}
+
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
   std::vector<std::pair<Node*, size_t>> stack;
   std::unordered_set<const Node*> visiting;

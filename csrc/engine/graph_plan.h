@@ -39,6 +39,13 @@ struct Engine::Graph {
 // Orders the pending nodes reachable from the roots (operands first), without recursion;
 // values that are not pending become the parameters.
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots);
+// The graph that computes `roots` on `device` (and `mesh`, if any), its nodes collected:
+// how a graph is assembled from the values it must produce.
+Engine::Graph graph_of(std::vector<ValuePtr> roots, int device, MeshPtr mesh, std::string origin = "");
+// `nodes` side by side, each reading its operands as parameters, none donated: a node lowered
+// alone when first recorded, or the suspects of a failed flush compiled together. No roots:
+// give it some, or its module returns every node's results.
+Engine::Graph side_by_side(const std::vector<Node*>& nodes, int device, MeshPtr mesh);
 
 // The layout in which a partitioned graph's parameter arrives (graph_plan.cpp).
 std::string argument_sharding(const Engine::Graph& g, size_t p);
