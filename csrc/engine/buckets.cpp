@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <limits>
 #include <unordered_set>
 
@@ -125,50 +124,20 @@ namespace {
 
 // ---- structure: a graph's hash without its sizes ------------------------------------------
 
-uint64_t hash_double(uint64_t h, double d) {
-  uint64_t bits;
-  std::memcpy(&bits, &d, sizeof(bits));
-  return hash_mix(h, bits);
-}
-
 // Like hash_graph, but blind to every size and static int argument (SizePlan relates those):
-// ops, argument kinds and non-int values, wiring, dtypes and ranks. Not which inputs arrive
-// padded: a decode step whose cache was computed padded by the previous step is the same
-// structure as the step before it, whose cache came exact (the runner's variants differ).
+// ops, argument kinds and non-int values, bodies (hash_node_structure), wiring, dtypes and
+// ranks. Not which inputs arrive padded: a decode step whose cache was computed padded by the
+// previous step is the same structure as the step before it, whose cache came exact (the
+// runner's variants differ).
 uint64_t structure_hash(const Engine::Graph& g) {
   uint64_t h = hash_mix(0x5B0C, static_cast<uint64_t>(g.device));
   for (const ValuePtr& p : g.params) h = hash_mix(hash_mix(h, static_cast<uint64_t>(p->type.dtype)), p->type.shape.size());
   for (const Node* node : g.nodes) {
-    h = hash_mix(h, node->op.hash());
-    for (const Arg& a : node->args) {
-      h = hash_mix(h, static_cast<uint64_t>(a.kind) * 2 + a.lifted);
-      if (a.lifted) {
-        h = hash_mix(h, a.ints.size() + a.doubles.size());
-        continue;
-      }
-      switch (a.kind) {
-        case Arg::Kind::Bool: h = hash_mix(h, static_cast<uint64_t>(a.i)); break;
-        case Arg::Kind::Double: h = hash_double(h, a.d); break;
-        case Arg::Kind::IntList: h = hash_mix(h, a.ints.size()); break;
-        case Arg::Kind::BoolList:
-          for (int64_t v : a.ints) h = hash_mix(h, static_cast<uint64_t>(v));
-          break;
-        case Arg::Kind::DoubleList:
-          for (double d : a.doubles) h = hash_double(h, d);
-          break;
-        case Arg::Kind::String: h = hash_string(h, a.s); break;
-        case Arg::Kind::Tensor: case Arg::Kind::TensorList:
-          h = hash_mix(h, a.operands.size() * 2 + static_cast<uint64_t>(a.i));
-          for (int index : a.operands) h = hash_mix(h, static_cast<uint64_t>(index + 7));
-          break;
-        case Arg::Kind::Int: case Arg::Kind::None: break;
-      }
-    }
+    h = hash_mix(h, hash_node_structure(*node));
     for (const ValuePtr& v : node->operands) {
       if (v->pending()) h = hash_mix(hash_mix(h, g.node_index.at(v->node.get()) * 2 + 1), v->output_index);
       else h = hash_mix(h, g.param_index.at(v.get()) * 2);
     }
-    for (const TensorType& t : node->outputs) h = hash_mix(hash_mix(h, static_cast<uint64_t>(t.dtype)), t.shape.size());
   }
   for (const ValuePtr& r : g.roots) h = hash_mix(hash_mix(h, g.node_index.at(r->node.get())), r->output_index);
   return h;
@@ -424,16 +393,15 @@ std::string Engine::run_padded(Graph& g, BucketState::Structure& structure, cons
     if (!bad.empty()) return "the padded graph does not fit: " + bad;
   }
 
-  Graph padded;
-  padded.device = g.device;
-  padded.origin = g.origin;
+  std::vector<ValuePtr> padded_roots;
   std::unordered_set<const Value*> seen;
   for (const ValuePtr& out : run.outputs)
-    if (out->pending() && seen.insert(out.get()).second) padded.roots.push_back(out);
+    if (out->pending() && seen.insert(out.get()).second) padded_roots.push_back(out);
   g.params.clear();  // as above: the padded graph donates what the flush would have
   g.param_index.clear();
-  if (!padded.roots.empty()) {
-    collect_nodes(&padded, padded.roots);
+  Graph padded;
+  if (!padded_roots.empty()) {
+    padded = graph_of(std::move(padded_roots), g.device, nullptr, g.origin);
     carried_owners_ = std::move(carried);
     try {
       run_graph(padded);
@@ -493,11 +461,7 @@ bool Engine::unpad_params(Graph& g) {
 // A padded-only value read at its real size outside a graph (materialize): sliced now.
 void Engine::compute_unpadded(const ValuePtr& value) {
   make_unpad_node(value);
-  Graph g;
-  g.device = value->device;
-  if (hooks_.python_origin) g.origin = hooks_.python_origin();
-  g.roots = {value};
-  collect_nodes(&g, g.roots);
+  Graph g = graph_of({value}, value->device, nullptr, hooks_.python_origin ? hooks_.python_origin() : "");
   run_graph(g);
 }
 

@@ -18,7 +18,7 @@ namespace torchtpu {
 namespace {
 
 // Version 2 adds the key; version 3 starts an executable's payload with its memory_needed
-// (engine.cpp, compile_graph). Entries of another version are read as absent and replaced.
+// (compile.cpp, compile_graph). Entries of another version are read as absent and replaced.
 constexpr char kMagic[8] = {'T', 'T', 'P', 'U', 'X', 'L', 'A', '3'};
 constexpr size_t kHeader = sizeof(kMagic) + 3 * sizeof(uint64_t);  // magic, key and payload lengths, checksum
 

@@ -128,7 +128,7 @@ class Engine {
   // Fused graphs seen at more than one size: what ran padded and what could not (buckets.cpp).
   std::vector<BucketSummary> bucket_summaries();
 
-  struct Graph;  // defined in engine.cpp
+  struct Graph;  // defined in graph_plan.h
   // A compiled graph: its executable and the runtime checks it computes (their flags are
   // its last result).
   struct Compiled {
@@ -138,7 +138,7 @@ class Engine {
   };
   using CompiledPtr = std::shared_ptr<const Compiled>;
 
-  // ---- torch.compile capture support (used by device/capture.cpp) -------------------
+  // ---- torch.compile capture support (used by device/capture.cpp; capture_export.cpp) --
   struct CaptureRun {
     ExecutablePtr executable;               // null when there was nothing to run
     std::vector<ValuePtr> params;           // executable parameters, in order
@@ -191,7 +191,7 @@ class Engine {
   ExportedModule lower_for_export(const std::vector<ValuePtr>& weights, const std::vector<ValuePtr>& inputs,
                                   const std::vector<ValuePtr>& roots, int device);
 
-  // ---- tracing a body for a structured op (torchtpu.scan_layers) -----------------------
+  // ---- tracing a body for a structured op (torchtpu.scan_layers; scan_bodies.cpp) -------
   // Between begin_body and end_body, recorded ops build a Subgraph in every mode: they
   // neither run nor join the pending graph. Reading such a value on the host is an error.
   void begin_body();
@@ -210,7 +210,7 @@ class Engine {
   void hash_graph(Graph& graph);
   CompiledPtr find_or_compile(Graph& graph);
   void run_graph(Graph& graph);
-  // The steps of compiling one (find_or_compile on a memory-cache miss).
+  // The steps of compiling one (find_or_compile on a memory-cache miss; compile.cpp).
   CompiledPtr compile_graph(Graph& graph);
   std::string lower_graph(const Graph& graph, std::vector<std::string>* signature, std::vector<CheckSpec>* checks);
   void dump_module(const Graph& graph, const std::string& text);
@@ -223,8 +223,9 @@ class Engine {
 
   void flush_locked(int device, FlushReason reason);
   void run_checks_locked();
-  // Collectives (fused mode): a pending graph holds collectives of one replica set only, and
-  // a collective always runs, even when nothing holds its result (the other ranks wait for it).
+  // Collectives (collectives.cpp; fused mode): a pending graph holds collectives of one
+  // replica set only, and a collective always runs, even when nothing holds its result (the
+  // other ranks wait for it).
   void prepare_collective(const std::vector<int64_t>& replica_devices, int device);
   void take_pending_collectives(int device, std::vector<ValuePtr>& roots);
 
@@ -255,7 +256,7 @@ class Engine {
   void check_fits(const Node& node);
 
   // A flush is a transaction: when running its graph fails, the pending graph is left as
-  // it was (every pending value stays computable) and the error is explained.
+  // it was (every pending value stays computable) and the error is explained (failures.cpp).
   enum class Stage { Lowering, Compiling, Running };
   std::exception_ptr explain_failure(Graph& graph, Stage stage, std::exception_ptr error);
   // The first node (in graph order) of `candidates` that fails to compile alone, or null.

@@ -1,4 +1,4 @@
-// The graph a flush compiles and runs (Engine::Graph), shared by engine.cpp and buckets.cpp.
+// The graph a flush compiles and runs (Engine::Graph) and the helpers the engine's files share.
 #pragma once
 
 #include <string>
@@ -39,5 +39,24 @@ struct Engine::Graph {
 // Orders the pending nodes reachable from the roots (operands first), without recursion;
 // values that are not pending become the parameters.
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots);
+// The graph that computes `roots` on `device` (and `mesh`, if any), its nodes collected:
+// how a graph is assembled from the values it must produce.
+Engine::Graph graph_of(std::vector<ValuePtr> roots, int device, MeshPtr mesh, std::string origin = "");
+// `nodes` side by side, each reading its operands as parameters, none donated: a node lowered
+// alone when first recorded, or the suspects of a failed flush compiled together. No roots:
+// give it some, or its module returns every node's results.
+Engine::Graph side_by_side(const std::vector<Node*>& nodes, int device, MeshPtr mesh);
+
+// The layout in which a partitioned graph's parameter arrives (graph_plan.cpp).
+std::string argument_sharding(const Engine::Graph& g, size_t p);
+
+// CUDA's out-of-memory message, for tpu: what did not fit, what the device holds, what to do
+// (memory.cpp).
+std::string out_of_memory_message(int64_t bytes, const std::string& what, int device, int64_t budget);
+
+// Collectives (collectives.cpp): whether an op is one, and the replica set of a graph's
+// collectives (empty when it has none).
+bool is_collective(OpKind op);
+std::vector<int64_t> replica_devices_of(const Engine::Graph& g);
 
 }  // namespace torchtpu

@@ -1,4 +1,4 @@
-// Structural hash of a node: op, static arguments, operand and output types.
+// Structural hashes of a node: op, static arguments, operand and output types (with or without sizes).
 #include "ir/graph.h"
 
 #include <cstring>
@@ -9,8 +9,7 @@ Node::~Node() {
   for (const ValuePtr& v : operands) v->node_uses.fetch_sub(1);
 }
 
-uint64_t hash_node_inputs(const OpKind& op, const std::vector<Arg>& args, const std::vector<ValuePtr>& operands) {
-  uint64_t h = op.hash();
+uint64_t hash_args(uint64_t h, const std::vector<Arg>& args, Sizes sizes) {
   for (const Arg& a : args) {
     h = hash_mix(h, static_cast<uint64_t>(a.kind) * 2 + a.lifted);
     if (a.lifted) {
@@ -18,7 +17,10 @@ uint64_t hash_node_inputs(const OpKind& op, const std::vector<Arg>& args, const 
       continue;
     }
     switch (a.kind) {
-      case Arg::Kind::Int: case Arg::Kind::Bool: h = hash_mix(h, static_cast<uint64_t>(a.i)); break;
+      case Arg::Kind::Int:
+        if (sizes == Sizes::Hashed) h = hash_mix(h, static_cast<uint64_t>(a.i));
+        break;
+      case Arg::Kind::Bool: h = hash_mix(h, static_cast<uint64_t>(a.i)); break;
       case Arg::Kind::Double: {
         uint64_t bits;
         std::memcpy(&bits, &a.d, sizeof(bits));
@@ -27,7 +29,8 @@ uint64_t hash_node_inputs(const OpKind& op, const std::vector<Arg>& args, const 
       }
       case Arg::Kind::IntList: case Arg::Kind::BoolList:
         h = hash_mix(h, a.ints.size());
-        for (int64_t v : a.ints) h = hash_mix(h, static_cast<uint64_t>(v));
+        if (sizes == Sizes::Hashed || a.kind == Arg::Kind::BoolList)
+          for (int64_t v : a.ints) h = hash_mix(h, static_cast<uint64_t>(v));
         break;
       case Arg::Kind::DoubleList: case Arg::Kind::Complex:
         h = hash_bytes(h, a.doubles.data(), a.doubles.size() * sizeof(double));
@@ -40,6 +43,11 @@ uint64_t hash_node_inputs(const OpKind& op, const std::vector<Arg>& args, const 
       case Arg::Kind::None: break;
     }
   }
+  return h;
+}
+
+uint64_t hash_node_inputs(const OpKind& op, const std::vector<Arg>& args, const std::vector<ValuePtr>& operands) {
+  uint64_t h = hash_args(op.hash(), args, Sizes::Hashed);
   for (const ValuePtr& v : operands) h = hash_type(h, v->type);
   return h;
 }
@@ -47,6 +55,13 @@ uint64_t hash_node_inputs(const OpKind& op, const std::vector<Arg>& args, const 
 uint64_t hash_node(const Node& node) {
   uint64_t h = hash_node_inputs(node.op, node.args, node.operands);
   for (const TensorType& t : node.outputs) h = hash_type(h, t);
+  if (node.body) h = hash_mix(h, node.body->hash);
+  return h;
+}
+
+uint64_t hash_node_structure(const Node& node) {
+  uint64_t h = hash_args(node.op.hash(), node.args, Sizes::Ignored);
+  for (const TensorType& t : node.outputs) h = hash_mix(hash_mix(h, static_cast<uint64_t>(t.dtype)), t.shape.size());
   if (node.body) h = hash_mix(h, node.body->hash);
   return h;
 }

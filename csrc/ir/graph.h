@@ -142,5 +142,12 @@ uint64_t hash_node(const Node& node);
 // The part of hash_node its inputs decide (op, arguments, operand types): the key of the
 // output types a node will have, computed before the node exists.
 uint64_t hash_node_inputs(const OpKind& op, const std::vector<Arg>& args, const std::vector<ValuePtr>& operands);
+// What a hash sees of sizes: all of them, or none (int arguments and int lists' values are
+// left out; a shape bucket's SizePlan relates them).
+enum class Sizes { Hashed, Ignored };
+uint64_t hash_args(uint64_t h, const std::vector<Arg>& args, Sizes sizes);
+// A node without its sizes, for shape buckets (engine/buckets.cpp): op, arguments but ints,
+// output dtypes and ranks, body. Operands are left to the caller (it hashes their wiring).
+uint64_t hash_node_structure(const Node& node);
 
 }  // namespace torchtpu

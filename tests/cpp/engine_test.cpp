@@ -419,6 +419,33 @@ void test_op_kinds_are_interned() {
   CHECK(OpKind().name() == "<no op>" && !OpKind());
 }
 
+// A shape bucket's structure (hash_node_structure) is blind to sizes - int arguments, int
+// lists' values, output shapes - and sees everything else hash_node sees: complex scalars and
+// a structured op's body included (the bucket hasher once had its own copy without them).
+void test_structure_hash_is_hash_node_without_sizes() {
+  auto node = [](std::vector<Arg> args, std::vector<int64_t> shape, uint64_t body_hash = 0) {
+    Node n;
+    n.op = OpKind::intern("aten::add.Tensor");
+    n.args = std::move(args);
+    n.outputs = {TensorType{std::move(shape), DType::Float32}};
+    if (body_hash) {
+      auto body = std::make_shared<Subgraph>();
+      body->hash = body_hash;
+      n.body = body;
+    }
+    return n;
+  };
+  auto ints = [](std::vector<int64_t> v) { Arg a; a.kind = Arg::Kind::IntList; a.ints = std::move(v); return a; };
+  Node base = node({Arg::integer(3), ints({2, 3}), Arg::complex(1, 2)}, {2, 3});
+  Node resized = node({Arg::integer(5), ints({4, 7}), Arg::complex(1, 2)}, {4, 7});
+  CHECK(hash_node_structure(base) == hash_node_structure(resized));
+  CHECK(hash_node(base) != hash_node(resized));
+  CHECK(hash_node_structure(base) != hash_node_structure(node({Arg::integer(3), ints({2, 3}), Arg::complex(1, 3)}, {2, 3})));
+  CHECK(hash_node_structure(base) != hash_node_structure(node({Arg::integer(3), ints({2, 3, 1}), Arg::complex(1, 2)}, {2, 3})));
+  CHECK(hash_node_structure(base) != hash_node_structure(node({Arg::integer(3), ints({2, 3}), Arg::complex(1, 2)}, {2, 3, 1})));
+  CHECK(hash_node_structure(node({}, {2}, 11)) != hash_node_structure(node({}, {2}, 12)));
+}
+
 
 // A buffer also held outside torchtpu (a jax.Array) is never donated: donating would delete
 // the other holder's array.
@@ -628,6 +655,7 @@ int main() {
   install_runtime(rt);
   try {
     test_op_kinds_are_interned();
+    test_structure_hash_is_hash_node_without_sizes();
     test_fused_graph_is_lowered_once_and_cached(*rt);
     test_unheld_parameter_is_donated(*rt);
     test_platform_without_f64_lifts_f32_scalars(*rt);

@@ -1,0 +1,83 @@
+// Assembling an Engine::Graph: its nodes in order, its parameters and their layouts.
+#include "engine/engine.h"
+
+#include <unordered_set>
+
+#include "engine/graph_plan.h"
+
+namespace torchtpu {
+
+// The layout in which a partitioned graph's parameter arrives: its buffer's sharding, or
+// replicated (a buffer of one device is copied onto the mesh for the launch).
+std::string argument_sharding(const Engine::Graph& g, size_t p) {
+  const ValuePtr& param = g.params[p];
+  return param->buffer && param->buffer->sharding ? param->buffer->sharding->hlo() : "{replicated}";
+}
+
+Engine::Graph graph_of(std::vector<ValuePtr> roots, int device, MeshPtr mesh, std::string origin) {
+  Engine::Graph g;
+  g.device = device;
+  g.mesh = std::move(mesh);
+  g.origin = std::move(origin);
+  g.roots = std::move(roots);
+  collect_nodes(&g, g.roots);
+  return g;
+}
+
+Engine::Graph side_by_side(const std::vector<Node*>& nodes, int device, MeshPtr mesh) {
+  Engine::Graph g;
+  g.device = device;
+  g.mesh = std::move(mesh);
+  g.donate = false;
+  for (Node* node : nodes) {
+    g.node_index[node] = static_cast<int>(g.nodes.size());
+    g.nodes.push_back(node);
+    for (const ValuePtr& v : node->operands) {
+      if (g.param_index.count(v.get())) continue;
+      g.param_index[v.get()] = static_cast<int>(g.params.size());
+      g.params.push_back(v);
+    }
+  }
+  g.aliasing.assign(g.params.size(), -1);
+  return g;
+}
+
+void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
+  std::vector<std::pair<Node*, size_t>> stack;
+  std::unordered_set<const Node*> visiting;
+  for (const ValuePtr& root : roots) {
+    if (!root->pending()) {  // an exported graph may return an argument as is
+      if (!g->param_index.count(root.get())) {
+        g->param_index[root.get()] = static_cast<int>(g->params.size());
+        g->params.push_back(root);
+      }
+      continue;
+    }
+    Node* start = root->node.get();
+    if (g->node_index.count(start) || visiting.count(start)) continue;
+    stack.emplace_back(start, 0);
+    visiting.insert(start);
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->operands.size()) {
+        const ValuePtr& operand = node->operands[next++];
+        if (operand->pending()) {
+          Node* child = operand->node.get();
+          if (!g->node_index.count(child) && !visiting.count(child)) {
+            visiting.insert(child);
+            stack.emplace_back(child, 0);
+          }
+        } else if (!g->param_index.count(operand.get())) {
+          g->param_index[operand.get()] = static_cast<int>(g->params.size());
+          g->params.push_back(operand);
+        }
+        continue;
+      }
+      g->node_index[node] = static_cast<int>(g->nodes.size());
+      g->nodes.push_back(node);
+      stack.pop_back();
+    }
+  }
+}
+
+}  // namespace torchtpu
