@@ -10,7 +10,7 @@ line, the drop can land in `Py_FinalizeEx`: taking the GIL there ends the thread
 machine; PyTorch issue #190489; CUDA's device threads have the same race). A device thread runs
 its tasks in order and lets go of one before it takes the next, so one more backward per device,
 run without the stash, returns only after the thread has dropped everything earlier; its own
-graph task holds no Python object, so dropping it needs no GIL.
+graph task, made in C++, holds no Python object, so dropping it needs no GIL.
 """
 import atexit
 
@@ -21,13 +21,9 @@ def drain_autograd_threads(_C) -> None:
     """Returns once every tpu device thread of autograd has finished its earlier graph tasks."""
     if not _C.initialized() or _C.in_bad_fork():
         return  # no tpu tensor was made: no backward ran on tpu (and no runtime to start now)
-    engine = torch.autograd.Variable._execution_engine
-    for index in range(torch.tpu.device_count()):
-        device = torch.device("tpu", index)
-        leaf = torch.empty(0, device=device, requires_grad=True)
-        # The root is the leaf's AccumulateGrad; a gradient on tpu queues it on that device's
-        # thread. Captured (inputs=, accumulate_grad=False): the leaf's .grad stays untouched.
-        engine.run_backward((leaf,), (torch.empty(0, device=device),), False, False, (leaf,), False, False)
+    # In C++: a captured gradient returned to Python, or a tensor made here, would give the
+    # drain's own graph task a Python object to drop on that thread.
+    _C.drain_autograd_threads(torch.tpu.device_count())
 
 
 def install(_C) -> None:

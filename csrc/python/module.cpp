@@ -5,6 +5,7 @@
 #include <torch/csrc/Event.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -182,6 +183,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("in_bad_fork", &runtime_forked);
   m.def("check_not_forked", &check_not_forked);
   m.def("start", [] { runtime(); });
+  // One empty backward per tpu device, made in C++ so that its graph task holds no Python
+  // object: returns once autograd's thread for each device has dropped every earlier graph
+  // task (torchtpu/_exit.py says why).
+  m.def("drain_autograd_threads", [](int64_t device_count) {
+    py::gil_scoped_release no_gil;
+    for (int64_t index = 0; index < device_count; ++index) {
+      auto options = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, index));
+      at::Tensor leaf = at::empty({0}, options).requires_grad_(true);
+      torch::autograd::grad({leaf}, {leaf}, {at::empty({0}, options)});
+    }
+  });
 
   // ---- torch.distributed (torchtpu/distributed.py, csrc/distributed) ----------------------
   register_c10d_functionalization();
