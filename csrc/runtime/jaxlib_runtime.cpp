@@ -498,15 +498,7 @@ class JaxlibRuntime final : public Runtime {
     std::vector<std::pair<int, int64_t>> by_process;
     for (py::handle d : client_.attr("devices")())
       by_process.emplace_back(d.attr("process_index").cast<int>(), d.attr("id").cast<int64_t>());
-    std::sort(by_process.begin(), by_process.end());
-    std::vector<int64_t> ids;
-    for (size_t i = 0; i < by_process.size(); ++i) {
-      if (by_process[i].first != static_cast<int>(i))
-        throw std::runtime_error("torchtpu: a multi-process job needs exactly one device per process; jaxlib "
-                                 "reports " + std::to_string(by_process.size()) + " devices over the processes");
-      ids.push_back(by_process[i].second);
-    }
-    return ids;
+    return one_device_per_process(std::move(by_process), "jaxlib");
   }
 
   std::string describe_collective_failure(const std::vector<int64_t>& replica_devices, int64_t first,

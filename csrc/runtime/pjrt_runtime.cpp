@@ -516,15 +516,7 @@ class PjrtRuntime final : public Runtime {
       plugin_.call(PjrtSlot::DeviceDescription_Id, id, "listing the devices");
       by_process.emplace_back(process.process_index, id.id);
     }
-    std::sort(by_process.begin(), by_process.end());
-    std::vector<int64_t> ids;
-    for (size_t i = 0; i < by_process.size(); ++i) {
-      if (by_process[i].first != static_cast<int>(i))
-        throw std::runtime_error("torchtpu: a multi-process job needs exactly one device per process; the PJRT "
-                                 "plugin reports " + std::to_string(by_process.size()) + " devices over the processes");
-      ids.push_back(by_process[i].second);
-    }
-    return ids;
+    return one_device_per_process(std::move(by_process), "the PJRT plugin");
   }
 
   DLManagedTensor* share(const BufferPtr& buffer) override {

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -35,6 +36,18 @@ bool ynn_fusions_off(const std::string& platform, const std::string& module_text
   for (const char* type : {"xf16>", "<f16>", "xbf16>", "<bf16>"})  // float16/bfloat16 values
     if (module_text.find(type) != std::string::npos) return true;
   return false;
+}
+
+std::vector<int64_t> one_device_per_process(std::vector<std::pair<int, int64_t>> by_process, const char* source) {
+  std::sort(by_process.begin(), by_process.end());
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < by_process.size(); ++i) {
+    if (by_process[i].first != static_cast<int>(i))
+      throw std::runtime_error(std::string("torchtpu: a multi-process job needs exactly one device per process; ") +
+                               source + " reports " + std::to_string(by_process.size()) + " devices over the processes");
+    ids.push_back(by_process[i].second);
+  }
+  return ids;
 }
 
 void set_interrupt_test(InterruptTest test) { g_interrupt_test.store(test); }

@@ -90,6 +90,10 @@ bool ynn_fusions_off(const std::string& platform, const std::string& module_text
 // before ynn_fusions_off existed stay apart.
 inline constexpr const char* kYnnVersionNote = " (no YNNPACK fusions for float16/bfloat16)";
 
+// A multi-process job's device ids in process order, from (process index, device id) pairs
+// as `source` (the client) lists them; each process must hold exactly one device.
+std::vector<int64_t> one_device_per_process(std::vector<std::pair<int, int64_t>> by_process, const char* source);
+
 class Runtime {
  public:
   virtual ~Runtime() = default;
