@@ -371,7 +371,7 @@ V pad_index(LoweringContext& ctx, const std::vector<int64_t>& in_shape, const st
   return total;
 }
 
-// reflection_pad{1,2}d / replication_pad{1,2}d(self, padding)
+// reflection_pad{1,2,3}d / replication_pad{1,2,3}d(self, padding)
 void lower_index_pad(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   std::vector<int64_t> shape;
@@ -379,7 +379,7 @@ void lower_index_pad(LoweringContext& ctx, const Node& node) {
   ctx.set_result(gather_linear(ctx, x, idx));
 }
 
-// *_pad{1,2}d_backward(grad_output, self, padding): grads added back to their sources.
+// *_pad{1,2,3}d_backward(grad_output, self, padding): grads added back to their sources.
 void lower_index_pad_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V grad = ctx.input(node, 0);
@@ -442,10 +442,14 @@ LOWERING("aten::reflection_pad1d", lower_index_pad, "reflect", kComplexNoBool);
 LOWERING("aten::reflection_pad2d", lower_index_pad, "reflect", kComplexNoBool);
 LOWERING("aten::replication_pad1d", lower_index_pad, "replicate", kTakesComplex);
 LOWERING("aten::replication_pad2d", lower_index_pad, "replicate", kTakesComplex);
+LOWERING("aten::reflection_pad3d", lower_index_pad, "reflect", kComplexNoBool);
+LOWERING("aten::replication_pad3d", lower_index_pad, "replicate", kTakesComplex);
 LOWERING("aten::reflection_pad1d_backward", lower_index_pad_backward, "reflect", kTakesComplex);
 LOWERING("aten::reflection_pad2d_backward", lower_index_pad_backward, "reflect", kTakesComplex);
 LOWERING("aten::replication_pad1d_backward", lower_index_pad_backward, "replicate", kTakesComplex);
 LOWERING("aten::replication_pad2d_backward", lower_index_pad_backward, "replicate", kTakesComplex);
+LOWERING("aten::reflection_pad3d_backward", lower_index_pad_backward, "reflect", kTakesComplex);
+LOWERING("aten::replication_pad3d_backward", lower_index_pad_backward, "replicate", kTakesComplex);
 
 }  // namespace
 }  // namespace torchtpu

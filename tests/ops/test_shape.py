@@ -14,6 +14,7 @@ E = torch.randn(0, 3, requires_grad=True)
 S = torch.tensor(2.5, requires_grad=True)
 I = torch.arange(20).reshape(4, 5)
 B = torch.tensor([[True, False, True], [False, False, True]])
+X4 = torch.randn(2, 3, 4, 5, requires_grad=True)  # (N, C, D, H, W) for the 3-d pads: C, D, H, W
 
 
 def cpu_differentiates(fn) -> bool:
@@ -119,6 +120,8 @@ OPS = {
     "reflect2d": (lambda x: F.pad(x, (2, 1, 1, 2), mode="reflect"), X3),
     "replicate1d": (lambda x: F.pad(x, (3, 1), mode="replicate"), X),
     "replicate2d": (lambda x: F.pad(x, (1, 2, 2, 0), mode="replicate"), X3),
+    "reflect3d": (lambda x: F.pad(x, (2, 1, 1, 2, 2, 0), mode="reflect"), X4),
+    "replicate3d": (lambda x: F.pad(x, (1, 3, 0, 2, 2, 1), mode="replicate"), X4),
     "unfold_module": (lambda x: x.unfold(0, 2, 1).sum(-1), X),
 }
 
