@@ -1,10 +1,11 @@
-// Max pooling over the last two dims, and im2col / col2im.
+// Max pooling over the last two or three dims, and im2col / col2im.
 // max_pool2d_with_indices follows CPU's loop over the window's positions (a variadic
 // reduce_window for large windows); its backward scatter-adds by index. Average pooling and
 // upsampling are in resampling.cpp.
 // im2col / col2im (nn.Unfold / nn.Fold) are strided windows of the zero-padded image.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 #include "lowering/common.h"
@@ -40,10 +41,11 @@ std::string argmax_body(LoweringContext& ctx, DType dt) {
   });
 }
 
-// A window geometry over the last two dims of x: kernel, stride, dilation, low padding, and the
-// high padding that makes every window of the output fit.
+// A window geometry over the last n (2 or 3) dims of x: kernel, stride, dilation, low padding,
+// and the high padding that makes every window of the output fit.
 struct MaxWindow {
-  int64_t k[2], s[2], d[2], lo[2], hi[2], in[2], out[2];
+  int n = 2;
+  int64_t k[3], s[3], d[3], lo[3], hi[3], in[3], out[3];
 };
 
 MaxWindow max_window_geometry(const V& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,
@@ -51,33 +53,40 @@ MaxWindow max_window_geometry(const V& x, const std::vector<int64_t>& kernel, co
                               const TensorType& out) {
   int64_t r = x.type.rank();
   MaxWindow w;
-  for (int k = 0; k < 2; ++k) {
+  w.n = static_cast<int>(kernel.size());
+  for (int k = 0; k < w.n; ++k) {
     w.k[k] = kernel[k];
     w.s[k] = stride[k];
     w.d[k] = dilation[k];
     w.lo[k] = pad_lo[k];
-    w.in[k] = x.type.shape[r - 2 + k];
-    w.out[k] = out.shape[r - 2 + k];
+    w.in[k] = x.type.shape[r - w.n + k];
+    w.out[k] = out.shape[r - w.n + k];
     w.hi[k] = std::max<int64_t>((w.out[k] - 1) * w.s[k] + w.d[k] * (w.k[k] - 1) + 1 - w.in[k] - w.lo[k], 0);
   }
   return w;
 }
 
-// The variadic reduce_window over (value, flat index) pairs: any window size.
+// The variadic reduce_window over (value, flat index) pairs: any window size, 2 or 3 dims (the
+// flat index is CPU's: h*W + w, or d*H*W + h*W + w).
 std::vector<V> max_window_reduce(LoweringContext& ctx, const V& x, const MaxWindow& w, const TensorType& out,
                                  const TensorType& idx_type) {
   int64_t r = x.type.rank();
   TensorType it{x.type.shape, DType::Int64};
-  V hi = ctx.iota(it, r - 2), wi = ctx.iota(it, r - 1);
-  V flat = ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", hi, ctx.constant_int(w.in[1], DType::Int64, it.shape)), wi);
+  std::vector<V> positions;
+  for (int k = 0; k < w.n; ++k) positions.push_back(ctx.iota(it, r - w.n + k));
+  V flat = positions[0];
+  for (int k = 1; k < w.n; ++k)
+    flat = ctx.binary("stablehlo.add",
+                      ctx.binary("stablehlo.multiply", flat, ctx.constant_int(w.in[k], DType::Int64, it.shape)),
+                      positions[k]);
   DType dt = x.type.dtype;
   std::string body = argmax_body(ctx, dt);
   std::vector<int64_t> dims(r, 1), strides(r, 1), base(r, 1), wdil(r, 1);
   std::string padding = "dense<[";
   for (int64_t i = 0; i < r; ++i) {
     int64_t lo = 0, hi_pad = 0;
-    if (i >= r - 2) {
-      int64_t k = i - (r - 2);
+    if (i >= r - w.n) {
+      int64_t k = i - (r - w.n);
       dims[i] = w.k[k];
       strides[i] = w.s[k];
       wdil[i] = w.d[k];
@@ -216,27 +225,35 @@ constexpr int64_t kMaxUnrolledWindow = 25;
 
 std::vector<V> max_window(LoweringContext& ctx, const V& x, const MaxWindow& w, const TensorType& out,
                           const TensorType& idx_type) {
-  if (w.k[0] * w.k[1] <= kMaxUnrolledWindow && out.numel() > 0) return max_window_unrolled(ctx, x, w, out, idx_type);
+  if (w.n == 2 && w.k[0] * w.k[1] <= kMaxUnrolledWindow && out.numel() > 0)
+    return max_window_unrolled(ctx, x, w, out, idx_type);
   return max_window_reduce(ctx, x, w, out, idx_type);
 }
 
-// max_pool2d's (kernel_size, stride, padding, dilation) arguments, from argument `first` on, over
-// x and the pooled shape `out`.
-MaxWindow max_pool_window(const Node& node, int first, const V& x, const TensorType& out) {
+// max_pool{2,3}d's (kernel_size, stride, padding, dilation) arguments, from argument `first` on,
+// over the last n dims of x and the pooled shape `out`.
+MaxWindow max_pool_window(const Node& node, int first, int n, const V& x, const TensorType& out) {
   const auto& k = node.args[first].ints;
-  int64_t kh = at(k, 0, 1), kw = at(k, 1, 1);
   const auto& s = node.args[first + 1].ints;
   const auto& p = node.args[first + 2].ints;
   const auto& d = node.args[first + 3].ints;
-  return max_window_geometry(x, {kh, kw}, {at(s, 0, kh), at(s, 1, kw)}, {at(p, 0, 0), at(p, 1, 0)},
-                             {at(d, 0, 1), at(d, 1, 1)}, out);
+  std::vector<int64_t> kernel, stride, pad, dilation;
+  for (int i = 0; i < n; ++i) {
+    kernel.push_back(at(k, i, 1));
+    stride.push_back(at(s, i, kernel[i]));  // no stride: the kernel size
+    pad.push_back(at(p, i, 0));
+    dilation.push_back(at(d, i, 1));
+  }
+  return max_window_geometry(x, kernel, stride, pad, dilation, out);
 }
 
-// max_pool2d_with_indices(self, kernel_size, stride, padding, dilation, ceil_mode)
-void lower_max_pool2d(LoweringContext& ctx, const Node& node) {
+// max_pool2d_with_indices / max_pool3d_with_indices(self, kernel_size, stride, padding, dilation,
+// ceil_mode); rule data: the number of pooled dims.
+void lower_max_pool(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
-  ctx.set_results(max_window(ctx, x, max_pool_window(node, 1, x, out), out, ctx.out(node, 1)));
+  int n = std::atoi(rule_data(node));
+  ctx.set_results(max_window(ctx, x, max_pool_window(node, 1, n, x, out), out, ctx.out(node, 1)));
 }
 
 // The window of an adaptive pool whose sizes divide evenly (kernel = stride = in / out), or none.
@@ -297,19 +314,21 @@ void lower_adaptive_max_pool2d(LoweringContext& ctx, const Node& node) {
                                  "dimensions = " + format_dims({r, r + 1}), body));
 }
 
-// Scatter-adds grad [..., Ho, Wo] into [..., H, W] at flat per-plane indices: one index per
-// update into the flattened planes (plane * H*W + index), in grad's own shape (a (plane, index)
-// pair built by concatenation cost XLA:CPU more than the scatter). An index outside its plane is
-// sent past the end, so that the scatter drops it instead of writing a neighbouring plane.
-V scatter_by_index(LoweringContext& ctx, const V& grad, const V& indices, const TensorType& out) {
+// Scatter-adds grad [..., Ho, Wo] into [..., H, W] (n = 2; [..., D, H, W] for n = 3) at flat
+// per-plane indices: one index per update into the flattened planes (plane * H*W + index), in
+// grad's own shape (a (plane, index) pair built by concatenation cost XLA:CPU more than the
+// scatter). An index outside its plane is sent past the end, so that the scatter drops it
+// instead of writing a neighbouring plane.
+V scatter_by_index(LoweringContext& ctx, const V& grad, const V& indices, const TensorType& out, int n = 2) {
   DType acc = acc_dtype(out.dtype);
   int64_t r = out.rank();
-  int64_t hw = out.shape[r - 2] * out.shape[r - 1];
+  int64_t hw = 1;
+  for (int64_t d = r - n; d < r; ++d) hw *= out.shape[d];
   const std::vector<int64_t>& cells = grad.type.shape;
   auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, cells); };
   V idx = ctx.convert(indices, DType::Int64);
   V flat = idx;
-  for (int64_t d = r - 3, stride = hw; d >= 0; stride *= out.shape[d], --d)
+  for (int64_t d = r - n - 1, stride = hw; d >= 0; stride *= out.shape[d], --d)
     flat = ctx.binary("stablehlo.add", flat,
                       ctx.binary("stablehlo.multiply", ctx.iota(TensorType{cells, DType::Int64}, d), i64(stride)));
   V inside = ctx.binary("stablehlo.and", ctx.compare("GE", idx, i64(0)), ctx.compare("LT", idx, i64(hw)));
@@ -318,9 +337,10 @@ V scatter_by_index(LoweringContext& ctx, const V& grad, const V& indices, const 
   return ctx.convert(summed, out.dtype);
 }
 
-// max_pool2d_with_indices_backward(grad_output, self, kernel, stride, padding, dilation, ceil_mode, indices)
-void lower_max_pool2d_backward(LoweringContext& ctx, const Node& node) {
-  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 7), ctx.out(node)));
+// max_pool{2,3}d_with_indices_backward(grad_output, self, kernel, stride, padding, dilation,
+// ceil_mode, indices); rule data: the number of pooled dims.
+void lower_max_pool_backward(LoweringContext& ctx, const Node& node) {
+  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 7), ctx.out(node), std::atoi(rule_data(node))));
 }
 
 // adaptive_max_pool2d_backward(grad_output, self, indices)
@@ -416,8 +436,10 @@ void lower_col2im(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.reshape(cropped, out.shape));
 }
 
-LOWERING("aten::max_pool2d_with_indices", lower_max_pool2d, nullptr, kNoBool);
-LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool2d_backward, nullptr, kFloatOnly);
+LOWERING("aten::max_pool2d_with_indices", lower_max_pool, "2", kNoBool);
+LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool_backward, "2", kFloatOnly);
+LOWERING("aten::max_pool3d_with_indices", lower_max_pool, "3", kNoBool);
+LOWERING("aten::max_pool3d_with_indices_backward", lower_max_pool_backward, "3", kFloatOnly);
 LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool2d, nullptr, kFloatOnly);
 LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool2d_backward, nullptr, kFloatOnly);
 LOWERING("aten::im2col", lower_im2col, nullptr, kFloatOnly);

@@ -76,6 +76,20 @@ def test_max_pool2d_ties_nans_and_padding(mode):
         check(lambda x: F.adaptive_max_pool2d(x, size).nan_to_num(0.0, 0.0, 0.0), x, grad=True)
 
 
+def test_max_pool3d_ties_nans_and_padding(mode):
+    # 3-d windows take the reduce_window over (value, d*H*W + h*W + w) pairs: values, indices and
+    # gradients as CPU's loop (ties, NaNs, -infs, padding, dilation, ceil_mode), unbatched too.
+    configs = [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+               dict(kernel_size=(2, 3, 2), stride=(1, 2, 2), dilation=(2, 1, 1), ceil_mode=True)]
+    for i, cfg in enumerate(configs):
+        for dtype in (torch.float32, torch.int64):
+            x = _pool_input(60 + i, (2, 2, 5, 6, 7), dtype)
+            check(lambda x: F.max_pool3d(x, return_indices=True, **cfg), x)
+        x = _pool_input(70 + i, (2, 2, 5, 6, 7)).requires_grad_()
+        check(lambda x: F.max_pool3d(x, **cfg).nan_to_num(0.0, 0.0, 0.0), x, grad=True)
+    check(lambda x: F.max_pool3d(x, 2, return_indices=True), r(2, 4, 4, 5), grad=True)
+
+
 def test_max_pool2d_backward_takes_any_index(mode):
     # A direct call of the backward op may pass indices that are not the forward's: like CPU's
     # kernel, tpu adds each cell's gradient wherever its index points in its own plane; an index
