@@ -98,6 +98,8 @@ void register_kernel_overrides() {
   KernelOverride("meta fused GRU cell", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
       .impl("_thnn_fused_gru_cell", torch::CppFunction(TORCH_FN(fused_gru_cell_meta)))
       .impl("_thnn_fused_gru_cell_backward", torch::CppFunction(TORCH_FN(fused_gru_cell_backward_meta)));
+  KernelOverride("meta multi margin loss backward", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
+      .impl("multi_margin_loss_backward", torch::CppFunction(TORCH_FN(multi_margin_loss_backward_meta)));
 }
 
 }  // namespace

@@ -151,6 +151,9 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell_meta(const at::Tensor& input_g
                                                        const std::optional<at::Tensor>& hidden_bias);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru_cell_backward_meta(
     const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias);
+at::Tensor multi_margin_loss_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
+                                          const at::Tensor& target, const at::Scalar& p, const at::Scalar& margin,
+                                          const std::optional<at::Tensor>& weight, int64_t reduction);
 void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor tpu_lift_fresh(const at::Tensor& self);
 void record_stream_functionalize(at::Tensor& self, c10::Stream stream);

@@ -3,7 +3,7 @@
 // (ADInplaceOrView), meta kernels of in-place foreach ops and of add_/sub_/fill_/relu_
 // (C++ instead of PyTorch's Python ones), native_batch_norm, the empty
 // statistics of batch norm in eval mode, lift_fresh and fft_fftfreq; and meta kernels of the
-// fused LSTM and GRU cells.
+// fused LSTM and GRU cells and of multi_margin_loss_backward.
 #include <ATen/ExpandUtils.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
@@ -335,6 +335,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
   auto gates = [&] { return at::empty({batch, 3 * hidden}, grad_hy.options()); };
   auto bias = [&] { return has_bias ? at::empty({3 * hidden}, grad_hy.options()) : at::Tensor(); };
   return {gates(), gates(), at::empty_like(grad_hy), bias(), bias()};
+}
+
+// The gradient of multi_margin_loss has its input's shape and dtype (PyTorch has no Meta kernel
+// for the backward op, so record_op could not type it).
+at::Tensor multi_margin_loss_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
+                                          const at::Tensor& target, const at::Scalar& p, const at::Scalar& margin,
+                                          const std::optional<at::Tensor>& weight, int64_t reduction) {
+  return at::empty_like(self);
 }
 
 }  // namespace torchtpu

@@ -1,4 +1,5 @@
-// Losses: nll_loss(2d) forward/backward, mse, smooth_l1, huber, binary_cross_entropy.
+// Losses: nll_loss(2d) forward/backward, mse, smooth_l1, huber, binary_cross_entropy,
+// multi_margin_loss forward/backward.
 // reduction: 0 none, 1 mean, 2 sum (at::Reduction).
 #include "lowering/common.h"
 
@@ -212,6 +213,107 @@ constexpr DTypeSet kTargetNotInt64OrUInt8 = kIndexNotInt64 & ~dtype_set(DType::U
 constexpr RuleFlags kNllLoss{.refuses = kBoolDTypes | kIntegerDTypes, .judged_on = Judged::Self, .index_arg = 1,
                              .index_refuses = kTargetNotInt64OrUInt8};
 constexpr RuleFlags kNllLossBackward{.index_arg = 2, .index_refuses = kTargetNotInt64OrUInt8};
+// -- multi_margin_loss ---------------------------------------------------------------------------
+// CPU's kernel per sample (row of C scores, target y): the sum over d != y of
+// max(0, margin - x[y] + x[d])^p * w[y], over C; p (1 or 2) and margin are static (they shape
+// the graph; a model keeps them fixed).
+
+struct MarginParts {
+  V x;          // [N, C] in the computing dtype (a vector or a 0-d score as one row)
+  V onehot;     // [N, C] bool: d == y
+  V z;          // [N, C]: margin - x[y] + x[d]
+  V active;     // [N, C] bool: d != y and z > 0
+  V weight;     // [N, C]: w[y] broadcast along the row (1 without weights)
+  int64_t rows, classes;
+};
+
+MarginParts margin_parts(LoweringContext& ctx, const Node& node, int self_arg, bool check_targets) {
+  V self = ctx.input(node, self_arg);
+  DType dt = self.type.dtype;
+  MarginParts m;
+  m.classes = self.type.rank() == 2 ? self.type.shape[1] : self.type.rank() == 1 ? self.type.shape[0] : 1;
+  m.rows = self.type.rank() == 2 ? self.type.shape[0] : 1;
+  std::vector<int64_t> shape{m.rows, m.classes};
+  m.x = ctx.reshape(self, shape);
+  V t = ctx.reshape(ctx.convert(ctx.input(node, self_arg + 1), DType::Int64), {m.rows});
+  if (check_targets) {
+    V below = ctx.compare("LT", t, ctx.constant_int(0, DType::Int64, {m.rows}));
+    V above = ctx.compare("GE", t, ctx.constant_int(m.classes, DType::Int64, {m.rows}));
+    ctx.check(ctx.binary("stablehlo.or", below, above), t, RuntimeCheck{RuntimeCheck::Error::Runtime, "target out of range"});
+  }
+  m.onehot = ctx.compare("EQ", ctx.iota(TensorType{shape, DType::Int64}, 1), ctx.broadcast_in_dim(t, shape, {0}));
+  V picked = sum_dims(ctx, ctx.select(m.onehot, m.x, ctx.constant(0, dt, shape)), {1});
+  V margin = ctx.constant(node.args[self_arg + 3].as_double(), dt, shape);
+  m.z = ctx.binary("stablehlo.add", sub(ctx, margin, ctx.broadcast_in_dim(picked, shape, {0})), m.x);
+  m.active = ctx.binary("stablehlo.and", ctx.unary("stablehlo.not", m.onehot),
+                        ctx.compare("GT", m.z, ctx.constant(0, dt, shape)));
+  int weight_arg = self_arg + 4;
+  if (ctx.has_input(node, weight_arg)) {
+    V wb = ctx.broadcast_in_dim(ctx.input(node, weight_arg), shape, {1});
+    V w = sum_dims(ctx, ctx.select(m.onehot, wb, ctx.constant(0, dt, shape)), {1});
+    m.weight = ctx.broadcast_in_dim(w, shape, {0});
+  }
+  return m;
+}
+
+// multi_margin_loss(self, target, p, margin, weight, reduction)
+void lower_multi_margin_loss(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  MarginParts m = margin_parts(ctx, node, 0, /*check_targets=*/true);
+  const TensorType& xt = m.x.type;
+  V h = node.args[2].as_int() == 1 ? m.z : mul(ctx, m.z, m.z);
+  if (!m.weight.name.empty()) h = mul(ctx, h, m.weight);
+  h = ctx.select(m.active, h, ctx.constant(0, xt.dtype, xt.shape));
+  V per_row = div(ctx, sum_dims(ctx, h, {1}), ctx.constant(static_cast<double>(m.classes), xt.dtype, {m.rows}));
+  int64_t reduction = node.args[5].as_int();
+  if (reduction == 0) {
+    ctx.set_result(ctx.reshape(per_row, out.shape));
+    return;
+  }
+  V total = sum_dims(ctx, per_row, {0});
+  if (reduction == 1) total = div(ctx, total, ctx.constant(static_cast<double>(m.rows), xt.dtype));
+  ctx.set_result(ctx.reshape(total, out.shape));
+}
+
+// multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction): each
+// active d gets h = g (p = 1) or 2*g*z (p = 2), times w[y], and the target the negated sum;
+// g = 1/C, or 1/(N*C) for a mean.
+void lower_multi_margin_loss_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  MarginParts m = margin_parts(ctx, node, 1, /*check_targets=*/false);
+  const TensorType& xt = m.x.type;
+  int64_t reduction = node.args[6].as_int();
+  double g = reduction == 1 ? 1.0 / static_cast<double>(m.rows * m.classes) : 1.0 / static_cast<double>(m.classes);
+  V gv = ctx.constant(g, xt.dtype, xt.shape);
+  V h = node.args[3].as_int() == 1 ? gv : mul(ctx, mul(ctx, ctx.constant(2, xt.dtype, xt.shape), gv), m.z);
+  if (!m.weight.name.empty()) h = mul(ctx, h, m.weight);
+  h = ctx.select(m.active, h, ctx.constant(0, xt.dtype, xt.shape));
+  V target_grad = ctx.unary("stablehlo.negate", sum_dims(ctx, h, {1}));
+  V grad = ctx.select(m.onehot, ctx.broadcast_in_dim(target_grad, xt.shape, {0}), h);
+  V go = ctx.input(node, 0);
+  if (reduction == 0 && go.type.rank() > 0)
+    go = ctx.broadcast_in_dim(ctx.reshape(go, {m.rows}), xt.shape, {0});
+  else
+    go = ctx.broadcast_to(ctx.reshape(go, {}), xt.shape);
+  ctx.set_result(ctx.reshape(mul(ctx, grad, go), out.shape));
+}
+
+// p other than 1 or 2 ("only p == 1 and p == 2 supported"): CPU's kernel raises it. Argument p
+// is the third of the forward, the fourth of the backward.
+template <int p_arg>
+DTypeSet margin_p_refuses(const std::vector<Arg>& args) {
+  if (args.size() <= p_arg) return 0;
+  double p = args[p_arg].as_double();
+  return p == 1.0 || p == 2.0 ? 0 : kAllDTypes;
+}
+// CPU's kernels take float32 and float64 only (AT_DISPATCH_FLOATING_TYPES): others raise there.
+constexpr DTypeSet kMarginRefuses = kBoolDTypes | kIntegerDTypes | dtype_set(DType::Float16) | dtype_set(DType::BFloat16);
+constexpr RuleFlags kMarginLoss{.static_scalars = true, .refuses = kMarginRefuses, .refuses_for = margin_p_refuses<2>};
+constexpr RuleFlags kMarginLossBackward{.static_scalars = true, .refuses = kMarginRefuses,
+                                        .refuses_for = margin_p_refuses<3>};
+
+LOWERING("aten::multi_margin_loss", lower_multi_margin_loss, nullptr, kMarginLoss);
+LOWERING("aten::multi_margin_loss_backward", lower_multi_margin_loss_backward, nullptr, kMarginLossBackward);
 LOWERING("aten::nll_loss_forward", lower_nll_loss, nullptr, kNllLoss);
 LOWERING("aten::nll_loss2d_forward", lower_nll_loss, nullptr, kNllLoss);
 LOWERING("aten::nll_loss_backward", lower_nll_loss_backward, nullptr, kNllLossBackward);

@@ -72,3 +72,24 @@ def test_nll_loss_uint8_target(mode):
     # they run on CPU (a fallback).
     check(lambda x, t: F.nll_loss(x, t), r(4, 3), torch.tensor([0, 2, 1, 1], dtype=torch.uint8), grad=True,
           no_fallback=False)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multi_margin_loss(mode, reduction):
+    # p 1 and 2, a margin, class weights; a 1-d score vector (one sample); margins crossed both ways.
+    target = torch.tensor([0, 3, 1, 3, 2])
+    check(lambda x, t: F.multi_margin_loss(x, t, reduction=reduction), r(5, 4), target, grad=True)
+    check(lambda x, t, w: F.multi_margin_loss(x, t, p=2, margin=0.7, weight=w, reduction=reduction), r(5, 4), target,
+          torch.rand(4), grad=True)
+    check(lambda x, t: F.multi_margin_loss(x, t, reduction=reduction), r(4), torch.tensor([2]), grad=True)
+    check(lambda x, t: F.multi_margin_loss(x.double(), t, p=2, reduction=reduction), r(3, 6), torch.tensor([5, 0, 2]),
+          grad=True)
+
+
+def test_multi_margin_loss_errors_as_cpu(mode):
+    x = torch.randn(3, 4)
+    check_error(lambda x, t: F.multi_margin_loss(x, t, p=3), x, torch.tensor([0, 1, 2]))
+    # A target out of range is a runtime check on tpu: CPU's words, then where the op was issued.
+    with pytest.raises(RuntimeError, match=r"^target out of range \(checked on tpu by aten::multi_margin_loss"):
+        F.multi_margin_loss(x.to("tpu"), torch.tensor([0, 4, 2], device="tpu")).cpu()
+    check_error(lambda x, t: F.multi_margin_loss(x, t), x.bfloat16(), torch.tensor([0, 1, 2]))
