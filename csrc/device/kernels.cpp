@@ -98,8 +98,11 @@ void register_kernel_overrides() {
   KernelOverride("meta fused GRU cell", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
       .impl("_thnn_fused_gru_cell", torch::CppFunction(TORCH_FN(fused_gru_cell_meta)))
       .impl("_thnn_fused_gru_cell_backward", torch::CppFunction(TORCH_FN(fused_gru_cell_backward_meta)));
-  KernelOverride("meta multi margin loss backward", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
-      .impl("multi_margin_loss_backward", torch::CppFunction(TORCH_FN(multi_margin_loss_backward_meta)));
+  KernelOverride("meta multilabel margin loss", "aten", DispatchKey::Meta, OverrideKind::Replaces)
+      .impl("multilabel_margin_loss_forward", torch::CppFunction(TORCH_FN(multilabel_margin_loss_forward_meta)));
+  KernelOverride("meta margin loss backward", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
+      .impl("multi_margin_loss_backward", torch::CppFunction(TORCH_FN(multi_margin_loss_backward_meta)))
+      .impl("multilabel_margin_loss_backward", torch::CppFunction(TORCH_FN(multilabel_margin_loss_backward_meta)));
 }
 
 }  // namespace

@@ -154,6 +154,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
 at::Tensor multi_margin_loss_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
                                           const at::Tensor& target, const at::Scalar& p, const at::Scalar& margin,
                                           const std::optional<at::Tensor>& weight, int64_t reduction);
+std::tuple<at::Tensor, at::Tensor> multilabel_margin_loss_forward_meta(const at::Tensor& self, const at::Tensor& target,
+                                                                      int64_t reduction);
+at::Tensor multilabel_margin_loss_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
+                                               const at::Tensor& target, int64_t reduction, const at::Tensor& is_target);
 void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor tpu_lift_fresh(const at::Tensor& self);
 void record_stream_functionalize(at::Tensor& self, c10::Stream stream);

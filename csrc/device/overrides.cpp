@@ -3,7 +3,7 @@
 // (ADInplaceOrView), meta kernels of in-place foreach ops and of add_/sub_/fill_/relu_
 // (C++ instead of PyTorch's Python ones), native_batch_norm, the empty
 // statistics of batch norm in eval mode, lift_fresh and fft_fftfreq; and meta kernels of the
-// fused LSTM and GRU cells and of multi_margin_loss_backward.
+// fused LSTM and GRU cells and of the margin losses' backward ops.
 #include <ATen/ExpandUtils.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
@@ -337,11 +337,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
   return {gates(), gates(), at::empty_like(grad_hy), bias(), bias()};
 }
 
-// The gradient of multi_margin_loss has its input's shape and dtype (PyTorch has no Meta kernel
-// for the backward op, so record_op could not type it).
+// The gradients of multi_margin_loss and multilabel_margin_loss have their input's shape and
+// dtype (PyTorch has no Meta kernel for these backward ops, so record_op could not type them).
 at::Tensor multi_margin_loss_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
                                           const at::Tensor& target, const at::Scalar& p, const at::Scalar& margin,
                                           const std::optional<at::Tensor>& weight, int64_t reduction) {
+  return at::empty_like(self);
+}
+
+// multilabel_margin_loss_forward's (output, is_target) as CPU's kernel makes them: a 0-d loss
+// for a 1-d sample whatever the reduction (PyTorch's Meta kernel gives [1] there).
+std::tuple<at::Tensor, at::Tensor> multilabel_margin_loss_forward_meta(const at::Tensor& self, const at::Tensor& target,
+                                                                      int64_t reduction) {
+  bool per_sample = reduction == at::Reduction::None && target.dim() > 1;
+  at::Tensor output = per_sample ? at::empty({self.size(0)}, self.options()) : at::empty({}, self.options());
+  return {output, at::empty(target.sizes(), self.options())};
+}
+
+at::Tensor multilabel_margin_loss_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
+                                               const at::Tensor& target, int64_t reduction, const at::Tensor& is_target) {
   return at::empty_like(self);
 }
 

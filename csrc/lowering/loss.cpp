@@ -1,5 +1,5 @@
 // Losses: nll_loss(2d) forward/backward, mse, smooth_l1, huber, binary_cross_entropy,
-// multi_margin_loss forward/backward.
+// multi_margin_loss and multilabel_margin_loss forward/backward.
 // reduction: 0 none, 1 mean, 2 sum (at::Reduction).
 #include "lowering/common.h"
 
@@ -312,6 +312,106 @@ constexpr RuleFlags kMarginLoss{.static_scalars = true, .refuses = kMarginRefuse
 constexpr RuleFlags kMarginLossBackward{.static_scalars = true, .refuses = kMarginRefuses,
                                         .refuses_for = margin_p_refuses<3>};
 
+// -- multilabel_margin_loss ----------------------------------------------------------------------
+// CPU's kernel per sample: the targets are the row's class indices up to its first negative one;
+// the loss sums max(0, 1 - x[y_k] + x[d]) over those targets k and the classes d that are no
+// target, over C. Pairs are [N, K, C] (K = C target slots): a multilabel problem has few classes.
+
+struct MultilabelParts {
+  V x;        // [N, C]
+  V active;   // [N, K, C] bool: slot k holds a target, d is no target, and its margin is violated
+  V z;        // [N, K, C]: 1 - x[y_k] + x[d]
+  V picks;    // [N, K, C] bool: y_k == d
+  int64_t rows, classes;
+};
+
+// is_target: [N, C] of the row's targets, computed (forward) or as given (backward, CPU reads
+// the forward's).
+MultilabelParts multilabel_parts(LoweringContext& ctx, const Node& node, int self_arg, bool check_targets,
+                                 V* is_target) {
+  V self = ctx.input(node, self_arg);
+  DType dt = self.type.dtype;
+  MultilabelParts m;
+  m.classes = self.type.rank() == 2 ? self.type.shape[1] : self.type.rank() == 1 ? self.type.shape[0] : 1;
+  m.rows = self.type.rank() == 2 ? self.type.shape[0] : 1;
+  int64_t n = m.rows, c = m.classes;
+  std::vector<int64_t> row{n, c}, pairs{n, c, c};
+  m.x = ctx.reshape(self, row);
+  V t = ctx.reshape(ctx.convert(ctx.input(node, self_arg + 1), DType::Int64), row);
+  if (check_targets) {
+    V below = ctx.compare("LT", t, ctx.constant_int(-1, DType::Int64, row));
+    V above = ctx.compare("GE", t, ctx.constant_int(c, DType::Int64, row));
+    ctx.check(ctx.binary("stablehlo.or", below, above), t,
+              RuntimeCheck{RuntimeCheck::Error::Runtime, "argument #2 'target' is out of range"});
+  }
+  // Slot k holds a target when no slot up to k is negative (a running count of negatives).
+  TensorType pair_ints{pairs, DType::Int64};
+  V zeros = ctx.constant_int(0, DType::Int64, row);
+  V negatives = cumsum_along(ctx, ctx.select(ctx.compare("LT", t, zeros), ctx.constant_int(1, DType::Int64, row), zeros), 1);
+  V slot = ctx.broadcast_in_dim(ctx.compare("EQ", negatives, zeros), pairs, {0, 1});
+  m.picks = ctx.compare("EQ", ctx.broadcast_in_dim(t, pairs, {0, 1}), ctx.iota(pair_ints, 2));
+  if (is_target->name.empty()) {
+    V hits = ctx.select(ctx.binary("stablehlo.and", m.picks, slot), ctx.constant_int(1, DType::Int64, pairs),
+                        ctx.constant_int(0, DType::Int64, pairs));
+    V marks = ctx.compare("GT", sum_dims(ctx, hits, {1}), zeros);
+    *is_target = ctx.select(marks, ctx.constant(1, dt, row), ctx.constant(0, dt, row));
+  }
+  V no_target = ctx.broadcast_in_dim(ctx.compare("EQ", *is_target, ctx.constant(0, dt, row)), pairs, {0, 2});
+  V xd = ctx.broadcast_in_dim(m.x, pairs, {0, 2});
+  // x[y_k] by selection (a product with a one-hot would turn a NaN elsewhere in the row into NaN).
+  V target_score = sum_dims(ctx, ctx.select(m.picks, xd, ctx.constant(0, dt, pairs)), {2});
+  m.z = ctx.binary("stablehlo.add", sub(ctx, ctx.constant(1, dt, pairs), ctx.broadcast_in_dim(target_score, pairs, {0, 1})), xd);
+  m.active = ctx.binary("stablehlo.and", ctx.binary("stablehlo.and", slot, no_target),
+                        ctx.compare("GT", m.z, ctx.constant(0, dt, pairs)));
+  return m;
+}
+
+// multilabel_margin_loss_forward(self, target, reduction) -> (output, is_target)
+void lower_multilabel_margin_loss(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V is_target;
+  MultilabelParts m = multilabel_parts(ctx, node, 0, /*check_targets=*/true, &is_target);
+  DType dt = m.x.type.dtype;
+  V per_row = sum_dims(ctx, ctx.select(m.active, m.z, ctx.constant(0, dt, m.z.type.shape)), {1, 2});
+  int64_t reduction = node.args[2].as_int();
+  V output;
+  if (reduction == 0 && out.rank() > 0) {
+    output = div(ctx, per_row, ctx.constant(static_cast<double>(m.classes), dt, {m.rows}));
+  } else {
+    output = div(ctx, sum_dims(ctx, per_row, {0}), ctx.constant(static_cast<double>(m.classes), dt));
+    if (reduction == 1) output = div(ctx, output, ctx.constant(static_cast<double>(m.rows), dt));
+  }
+  const TensorType& marks = ctx.out(node, 1);
+  ctx.set_results({ctx.reshape(output, out.shape), ctx.reshape(is_target, marks.shape)});
+}
+
+// multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target): each
+// violated (target k, class d) pair adds g to d and takes g from y_k; g = 1/C, or 1/(N*C) for a mean.
+void lower_multilabel_margin_loss_backward(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V is_target = ctx.reshape(ctx.input(node, 4), {out.rank() == 2 ? out.shape[0] : 1, out.numel() / (out.rank() == 2 ? out.shape[0] : 1)});
+  MultilabelParts m = multilabel_parts(ctx, node, 1, /*check_targets=*/false, &is_target);
+  DType dt = m.x.type.dtype;
+  const std::vector<int64_t>& pairs = m.z.type.shape;
+  int64_t reduction = node.args[3].as_int();
+  double g = reduction == 1 ? 1.0 / static_cast<double>(m.rows * m.classes) : 1.0 / static_cast<double>(m.classes);
+  V count = ctx.select(m.active, ctx.constant(1, dt, pairs), ctx.constant(0, dt, pairs));
+  V gained = sum_dims(ctx, count, {1});                         // [N, C]: violations where d is the class
+  V per_slot = ctx.broadcast_in_dim(sum_dims(ctx, count, {2}), pairs, {0, 1});  // per target slot
+  V lost = sum_dims(ctx, ctx.select(m.picks, per_slot, ctx.constant(0, dt, pairs)), {1});
+  V grad = mul(ctx, sub(ctx, gained, lost), ctx.constant(g, dt, m.x.type.shape));
+  V go = ctx.input(node, 0);
+  if (reduction == 0 && go.type.rank() > 0)
+    go = ctx.broadcast_in_dim(ctx.reshape(go, {m.rows}), m.x.type.shape, {0});
+  else
+    go = ctx.broadcast_to(ctx.reshape(go, {}), m.x.type.shape);
+  ctx.set_result(ctx.reshape(mul(ctx, grad, go), out.shape));
+}
+
+constexpr RuleFlags kMultilabelMarginLoss{.refuses = kMarginRefuses};
+LOWERING("aten::multilabel_margin_loss_forward", lower_multilabel_margin_loss, nullptr, kMultilabelMarginLoss);
+LOWERING("aten::multilabel_margin_loss_backward", lower_multilabel_margin_loss_backward, nullptr,
+         kMultilabelMarginLoss);
 LOWERING("aten::multi_margin_loss", lower_multi_margin_loss, nullptr, kMarginLoss);
 LOWERING("aten::multi_margin_loss_backward", lower_multi_margin_loss_backward, nullptr, kMarginLossBackward);
 LOWERING("aten::nll_loss_forward", lower_nll_loss, nullptr, kNllLoss);

@@ -93,3 +93,25 @@ def test_multi_margin_loss_errors_as_cpu(mode):
     with pytest.raises(RuntimeError, match=r"^target out of range \(checked on tpu by aten::multi_margin_loss"):
         F.multi_margin_loss(x.to("tpu"), torch.tensor([0, 4, 2], device="tpu")).cpu()
     check_error(lambda x, t: F.multi_margin_loss(x, t), x.bfloat16(), torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss(mode, reduction):
+    # Targets end at the first -1 (later entries are ignored); repeated targets count twice; a row
+    # without targets; a 1-d sample; margins crossed both ways.
+    target = torch.tensor([[3, 0, -1, 1], [0, 1, 2, 3], [-1, 2, 0, 0], [2, 2, -1, -1], [1, -1, 3, 3]])
+    check(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction), r(5, 4), target, grad=True)
+    check(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction), r(5), torch.tensor([4, 1, -1, 0, 0]),
+          grad=True)
+    check(lambda x, t: F.multilabel_margin_loss(x.double(), t, reduction=reduction), r(5, 4), target, grad=True)
+    # is_target, the forward's second result, as CPU's.
+    check(lambda x, t: torch.ops.aten.multilabel_margin_loss_forward(x, t, 1)[1], r(5, 4, grad=False), target)
+
+
+def test_multilabel_margin_loss_errors_as_cpu(mode):
+    x = torch.randn(2, 3)
+    with pytest.raises(RuntimeError, match=r"^argument #2 'target' is out of range \(checked on tpu"):
+        F.multilabel_margin_loss(x.to("tpu"), torch.tensor([[0, 3, -1], [1, -1, 0]], device="tpu")).cpu()
+    with pytest.raises(RuntimeError, match=r"^argument #2 'target' is out of range"):
+        F.multilabel_margin_loss(x, torch.tensor([[0, 3, -1], [1, -1, 0]]))
+    check_error(lambda x, t: F.multilabel_margin_loss(x, t), x.bfloat16(), torch.tensor([[0, 2, -1], [1, -1, 0]]))
