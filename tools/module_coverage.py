@@ -20,8 +20,8 @@ Optimizers (entries `Name[i]` for OptimizerInfo config i of optim_inputs_func, p
 `Name[i].foreach`, `.fused` and `.sparse` where the OptimizerInfo supports the implementation
 on CPU): a seeded model (Linear(5, 4) for dense gradients, Embedding(10, 4, sparse=True) for
 sparse ones) built on CPU and deepcopied to tpu, STEPS steps with a closure (loss = sum of
-squares of the output of fixed inputs), then the parameters and every optimizer-state entry are
-compared at the same tolerance. The `fwd` column holds the optimizer's status; `bwd` is n/a.
+squares of the output of fixed inputs), then the parameters, the param_groups' settings and
+every optimizer-state entry are compared (at the modules' default tolerance). The `fwd` column holds the optimizer's status; `bwd` is n/a.
 
 Statuses are op_coverage's: pass, fallback (passes but torchtpu.metrics.counters()
 ["fallback_ops"] grew), fail (first reason recorded), crash, timeout, n/a.
@@ -327,6 +327,11 @@ class _Worker(oc._Worker):
             tpu_model, tpu_optim = self._optim_run(info, config, variant, tpu_model, data, "tpu")
             for (name, e), a in zip(cpu_model.named_parameters(), tpu_model.parameters()):
                 self.compare(a, e, f"param {name}")
+            # The settings too: the user's hyperparameters must come back as they were given.
+            for i, (e_group, a_group) in enumerate(zip(cpu_optim.param_groups, tpu_optim.param_groups)):
+                for name in e_group:
+                    if name != "params":
+                        self.compare(a_group.get(name), e_group[name], f"param_groups[{i}][{name!r}]", on_tpu=False)
             cpu_state, tpu_state = cpu_optim.state_dict()["state"], tpu_optim.state_dict()["state"]
             for index in cpu_state:
                 if index not in tpu_state:
@@ -392,7 +397,7 @@ def list_keys(kind: str) -> list:
     return list(optim_entries(optim_db))
 
 
-def run(kind="all", only=None, samples=0, backward=True, timeout=120.0, jobs=1, mode="fused", verbose=False,
+def run(kind="all", only=None, samples=0, backward=True, timeout=300.0, jobs=1, mode="fused", verbose=False,
         log=None) -> dict:
     """Runs the entries; returns {"modules": data, "optims": data} (op_coverage's data layout)."""
     kinds = ("modules", "optims") if kind == "all" else (kind,)
@@ -470,7 +475,8 @@ def main(argv=None):
     parser.add_argument("--only", help="comma-separated entries (nn.Name, Optim[i], Optim[i].foreach, ...)")
     parser.add_argument("--samples", type=int, default=0, help="sample inputs per module (default 0: all)")
     parser.add_argument("--no-backward", action="store_true", help="modules: forward only")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per entry (default 120)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds per entry (default 300: nn.Transformer's every sample took 109 s)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--mode", default="fused", choices=("fused", "strict", "debug"))
     parser.add_argument("--json", help="write the full records here")
