@@ -90,15 +90,16 @@ def op_key(op) -> str:
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
 
-def tolerance(op, dtype):
+def tolerance(op, dtype, test_classes=TOLERANCE_TEST_CLASSES):
     """(atol, rtol, where): the loosest `dtype` tolerance that PyTorch's own test suite grants
-    the op (toleranceOverride in its OpInfo decorators, TOLERANCE_TEST_CLASSES on CPU or
-    CUDA), or (0, 0, "") when it grants none: then assert_close's defaults apply."""
+    the op (toleranceOverride in its OpInfo decorators, `test_classes` on CPU or CUDA), or
+    (0, 0, "") when it grants none: then assert_close's defaults apply. ModuleInfo carries
+    its decorators the same way (tools/module_coverage.py passes TestModule)."""
     from torch.testing._internal.common_device_type import toleranceOverride
 
     atol, rtol, where = 0.0, 0.0, []
     for info in op.decorators:
-        if getattr(info, "cls_name", "absent") not in TOLERANCE_TEST_CLASSES:
+        if getattr(info, "cls_name", "absent") not in test_classes:
             continue
         if info.device_type not in TOLERANCE_DEVICES or "mps" in (info.test_name or ""):
             continue
@@ -498,12 +499,12 @@ def worker_main(fd: int):
 # =========================================================================================
 
 class WorkerProcess:
-    def __init__(self, env, log_dir, index):
+    def __init__(self, env, log_dir, index, script=__file__):
         self.log_path = os.path.join(log_dir, f"worker{index}-{time.monotonic_ns()}.log")
         self.log = open(self.log_path, "wb")
         read_fd, write_fd = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", str(write_fd)],
+            [sys.executable, os.path.abspath(script), "--worker", str(write_fd)],
             stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
             pass_fds=(write_fd,), start_new_session=True)
         os.close(write_fd)
@@ -602,8 +603,10 @@ def _crash_log(text):
 
 
 def run(ops=None, samples=3, backward=True, timeout=60.0, jobs=1, mode="fused", cache_dir=None,
-        verbose=False, max_ops_per_worker=0, log=None, dtype="float32"):
-    """Runs the coverage; returns {"meta": ..., "summary": ..., "ops": {key: record}}."""
+        verbose=False, max_ops_per_worker=0, log=None, dtype="float32", script=__file__):
+    """Runs the coverage; returns {"meta": ..., "summary": ..., "ops": {key: record}}.
+    `script` is the tool whose `--worker` runs the entries (tools/module_coverage.py reuses
+    this scheduler for ModuleInfo and OptimizerInfo entries)."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     start = time.monotonic()
     own_cache = cache_dir is None
@@ -621,19 +624,19 @@ def run(ops=None, samples=3, backward=True, timeout=60.0, jobs=1, mode="fused", 
     results = {}
     workers = []
     try:
-        first = WorkerProcess(env, log_dir, 0)
+        first = WorkerProcess(env, log_dir, 0, script)
         all_ops = first.wait_ready(300)["ops"]
         workers.append(first)
         if ops:
             wanted = [o.strip() for o in ops if o.strip()]
             unknown = [o for o in wanted if o not in all_ops]
             if unknown:
-                raise ValueError(f"unknown OpInfo names: {unknown}")
+                raise ValueError(f"unknown names: {unknown}")
             todo = wanted
         else:
             todo = list(all_ops)
         for i in range(1, max(1, min(jobs, len(todo)))):
-            w = WorkerProcess(env, log_dir, i)
+            w = WorkerProcess(env, log_dir, i, script)
             w.wait_ready(300)
             workers.append(w)
         queue = collections.deque(todo)
@@ -648,7 +651,7 @@ def run(ops=None, samples=3, backward=True, timeout=60.0, jobs=1, mode="fused", 
                 log(f"[{len(results)}/{total}] {time.monotonic() - start:.0f}s")
 
         def restart(i):
-            workers[i] = WorkerProcess(env, log_dir, i)
+            workers[i] = WorkerProcess(env, log_dir, i, script)
             workers[i].wait_ready(300)
 
         def dead_record(w, status, detail):
@@ -978,11 +981,11 @@ def read_floor(path: str = FLOOR_PATH) -> dict:
     return entries
 
 
-def write_floor(entries: dict, path: str = FLOOR_PATH) -> None:
+def write_floor(entries: dict, path: str = FLOOR_PATH, header: str = FLOOR_HEADER) -> None:
     """Writes the entries that hold something (or carry a comment), sorted by op and dtype."""
     width = max(len(op) for op, _ in entries) + 1
     with open(path, "w") as f:
-        f.write(FLOOR_HEADER)
+        f.write(header)
         for (op, dtype), (fwd, bwd, comment) in sorted(entries.items()):
             if fwd == "-" and bwd == "-" and not comment:
                 continue
@@ -990,7 +993,7 @@ def write_floor(entries: dict, path: str = FLOOR_PATH) -> None:
             f.write((f"{line:<{width + 30}}# {comment}" if comment else line).rstrip() + "\n")
 
 
-def compare_floor(held: dict, data: dict) -> tuple[list, list]:
+def compare_floor(held: dict, data: dict, database: str = "OpInfo") -> tuple[list, list]:
     """(lost, gained): descriptions of held entries a run no longer reaches (with the reason),
     and of entries it passes better than held."""
     measured = floor_entries(data)
@@ -1001,7 +1004,7 @@ def compare_floor(held: dict, data: dict) -> tuple[list, list]:
             continue
         record = data["ops"].get(op)
         if record is None:
-            lost.append(f"{op} ({dtype}): not in this torch's OpInfo database")
+            lost.append(f"{op} ({dtype}): not in this torch's {database} database")
             continue
         for direction, want in (("fwd", fwd), ("bwd", bwd)):
             got = record.get(direction, "n/a")
@@ -1018,7 +1021,7 @@ def compare_floor(held: dict, data: dict) -> tuple[list, list]:
     return lost, gained
 
 
-def update_floor(data: dict, path: str = FLOOR_PATH) -> list:
+def update_floor(data: dict, path: str = FLOOR_PATH, header: str = FLOOR_HEADER) -> list:
     """Raises the file's entries to what the run reached (never lowers one); returns the raised ones."""
     held = read_floor(path) if os.path.exists(path) else {}
     _, gained = compare_floor(held, data)
@@ -1026,7 +1029,7 @@ def update_floor(data: dict, path: str = FLOOR_PATH) -> list:
         old = held.get(key, ("-", "-", ""))
         new = tuple(max(a, b, key=_level) for a, b in zip(old[:2], (fwd, bwd)))
         held[key] = (*new, comment if new != old[:2] or not old[2] else old[2])
-    write_floor(held, path)
+    write_floor(held, path, header)
     return gained
 
 
