@@ -45,6 +45,7 @@ V loss_grad(LoweringContext& ctx, const V& grad, int64_t reduction, DType dtype,
 struct NllParts {
   V onehot;   // bool, self's shape: the target class of each sample
   V weight;   // per-sample weight (0 where ignored), target's shape
+  V kept;     // bool, target's shape: the target is not ignore_index
   int64_t class_dim;
 };
 
@@ -79,8 +80,8 @@ NllParts nll_parts(LoweringContext& ctx, const Node& node, int self_arg, DType d
   } else {
     w = ctx.constant(1, dtype, t.type.shape);
   }
-  V keep = ctx.compare("NE", t, ctx.constant_int(ignore, DType::Int64, t.type.shape));
-  p.weight = ctx.select(keep, w, ctx.constant(0, dtype, t.type.shape));
+  p.kept = ctx.compare("NE", t, ctx.constant_int(ignore, DType::Int64, t.type.shape));
+  p.weight = ctx.select(p.kept, w, ctx.constant(0, dtype, t.type.shape));
   return p;
 }
 
@@ -121,6 +122,9 @@ void lower_nll_loss_backward(LoweringContext& ctx, const Node& node) {
       g = div(ctx, g, ctx.broadcast_to(ctx.reshape(ctx.convert(ctx.input(node, 6), acc), {}), g.type.shape));
     g = mul(ctx, g, p.weight);
   }
+  // CPU writes the gradient of kept samples only: an ignored one stays 0 even when the mean's
+  // total weight is 0 (every target ignored: the scale is inf or NaN, and 0 * inf is NaN).
+  g = ctx.select(p.kept, g, ctx.constant(0, acc, g.type.shape));
   std::vector<int64_t> target_dims;
   for (int64_t i = 0; i < out.rank(); ++i)
     if (i != p.class_dim) target_dims.push_back(i);

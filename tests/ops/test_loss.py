@@ -115,3 +115,13 @@ def test_multilabel_margin_loss_errors_as_cpu(mode):
     with pytest.raises(RuntimeError, match=r"^argument #2 'target' is out of range"):
         F.multilabel_margin_loss(x, torch.tensor([[0, 3, -1], [1, -1, 0]]))
     check_error(lambda x, t: F.multilabel_margin_loss(x, t), x.bfloat16(), torch.tensor([[0, 2, -1], [1, -1, 0]]))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_every_target_ignored_gives_zero_gradients(mode, reduction):
+    # The mean's total weight is 0 (the loss is NaN on CPU too), but CPU writes no gradient for an
+    # ignored sample: 0, not NaN (ModuleInfo's CrossEntropyLoss sample 2d_ignore_index_mean).
+    check(lambda x, t: F.cross_entropy(x, t, ignore_index=1, reduction=reduction), r(3, 4), torch.tensor([1, 1, 1]),
+          grad=True)
+    check(lambda x, t: F.nll_loss(x, t, ignore_index=2, reduction=reduction), r(2, 3, 2, 2),
+          torch.full((2, 2, 2), 2), grad=True)
