@@ -162,6 +162,13 @@ INDEXING = {
     "scatter_add": lambda x, i: x.clone().scatter_add_(0, i, torch.ones(1, device=x.device)),
     "scatter_reduce": lambda x, i: x.clone().scatter_reduce_(0, i, torch.ones(1, device=x.device), "amax"),
     "index_add": lambda x, i: x.clone().index_add_(0, i, torch.ones(1, device=x.device)),
+    # These five dropped or clamped an index out of range (take read x[4] for index 10); torch
+    # 2.15 sends x[i] = 7.0 through index_fill_.
+    "take": lambda x, i: torch.take(x, i),
+    "put": lambda x, i: x.clone().put_(i, torch.ones(1, device=x.device)),
+    "index_fill": lambda x, i: x.clone().index_fill_(0, i, 7.0),
+    "index_copy": lambda x, i: x.clone().index_copy_(0, i, torch.ones(1, device=x.device)),
+    "index_reduce": lambda x, i: x.clone().index_reduce_(0, i, torch.ones(1, device=x.device), "prod"),
     "embedding": lambda x, i: F.embedding(i, x.reshape(5, 1)),
     "one_hot": lambda x, i: F.one_hot(i, 5),
     "nll_loss": lambda x, i: F.nll_loss(x.reshape(1, 5), i),

@@ -8,23 +8,26 @@
 namespace torchtpu {
 namespace {
 
-// An index tensor as positions into a dimension of `size`, int64; negative indices count from
-// the end where the op allows them (take, put, index_fill), else they are out of range as
-// on CPU. (Out-of-range indices are dropped by scatter and clamped by gather: the range
-// check that turns them into CPU's IndexError belongs here.)
-V position_along(LoweringContext& ctx, const V& index, int64_t size, bool negative_wraps) {
-  V i = ctx.convert(index, DType::Int64);
-  if (!negative_wraps) return i;
-  const auto& shape = i.type.shape;
-  V wrapped = ctx.binary("stablehlo.add", i, ctx.constant_int(size, DType::Int64, shape));
-  return ctx.select(ctx.compare("LT", i, ctx.constant_int(0, DType::Int64, shape)), wrapped, i);
+// An index tensor as positions into a dimension of `size`, int64, with a runtime check that
+// raises the op's CPU error for an index out of range (scatter would drop it and gather clamp
+// it: a silent wrong answer); negative indices count from the end where the op allows them
+// (take, put, index_fill: `check.negative_ok`).
+V position_along(LoweringContext& ctx, const V& index, int64_t size, const IndexCheck& check) {
+  return checked_index(ctx, index, size, DType::Int64, &check);
+}
+
+// take and put: "out of range: tried to access index 10 on a tensor of 5 elements."
+IndexCheck flat_check(int64_t numel) {
+  return IndexCheck{RuntimeCheck::Error::Index,
+                    "out of range: tried to access index {} on a tensor of " + std::to_string(numel) + " elements.",
+                    true};
 }
 
 // take(self, index): self.flatten()[index], index's shape.
 void lower_take(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
-  V pos = position_along(ctx, ctx.input(node, 1), x.type.numel(), true);
+  V pos = position_along(ctx, ctx.input(node, 1), x.type.numel(), flat_check(x.type.numel()));
   ctx.set_result(ctx.reshape(gather_linear(ctx, x, pos), out.shape));
 }
 
@@ -33,7 +36,7 @@ void lower_put(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   V index = ctx.input(node, 1);
   int64_t n = index.type.numel();
-  V pos = ctx.reshape(position_along(ctx, index, x.type.numel(), true), {n});
+  V pos = ctx.reshape(position_along(ctx, index, x.type.numel(), flat_check(x.type.numel())), {n});
   V source = ctx.reshape(ctx.convert(ctx.input(node, 2), x.type.dtype), {n});
   bool accumulate = node.args[3].as_bool();
   const char* add = x.type.dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add";
@@ -41,14 +44,14 @@ void lower_put(LoweringContext& ctx, const Node& node) {
 }
 
 // Linear positions into `self_shape` of the elements of a source whose slices along dim go
-// to the slices index[j] of self (the positions index_copy/index_add/index_reduce write).
+// to the slices index[j] of self (the positions index_copy and index_reduce write).
 V slice_positions(LoweringContext& ctx, const std::vector<int64_t>& self_shape, int64_t dim, const V& index,
-                  const std::vector<int64_t>& source_shape) {
+                  const std::vector<int64_t>& source_shape, const IndexCheck& check) {
   std::vector<int64_t> strides = contiguous_strides(self_shape);
   std::vector<int64_t> coefs = strides;
   coefs[dim] = 0;
   V total = affine_index(ctx, source_shape, coefs, 0, DType::Int64);
-  V along = position_along(ctx, ctx.reshape(index, {source_shape[dim]}), self_shape[dim], false);
+  V along = position_along(ctx, ctx.reshape(index, {source_shape[dim]}), self_shape[dim], check);
   along = ctx.binary("stablehlo.multiply", along, ctx.constant_int(strides[dim], DType::Int64, along.type.shape));
   return ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(along, source_shape, {dim}));
 }
@@ -72,7 +75,8 @@ void lower_index_fill(LoweringContext& ctx, const Node& node) {
   }
   // selected[d]: some index names slice d.
   V slots = ctx.broadcast_in_dim(ctx.iota(TensorType{{size}, DType::Int64}, 0), {size, k}, {0});
-  V named = ctx.broadcast_in_dim(position_along(ctx, index, size, true), {size, k}, {1});
+  IndexCheck check = bounds_check(dim, size, true, RuntimeCheck::Error::Index);
+  V named = ctx.broadcast_in_dim(position_along(ctx, index, size, check), {size, k}, {1});
   V selected = ctx.reduce(ctx.compare("EQ", slots, named), {1}, ctx.constant_int(0, DType::Bool), "stablehlo.or");
   V mask = ctx.broadcast_in_dim(selected, shape, {dim});
   V filled = ctx.select(mask, ctx.broadcast_to(value, shape), ctx.reshape(x, shape));
@@ -86,7 +90,9 @@ void lower_index_copy(LoweringContext& ctx, const Node& node) {
   V source = ctx.convert(ctx.input(node, 3), out.dtype);
   std::vector<int64_t> shape = at_least_1d(x.type.shape), source_shape = at_least_1d(source.type.shape);
   int64_t dim = wrap_dim(node.args[1].i, x.type.rank());
-  V pos = slice_positions(ctx, shape, dim, ctx.input(node, 2), source_shape);
+  IndexCheck check = bounds_check(dim, shape[dim], false, RuntimeCheck::Error::Index);
+  check.message = "index_copy_(): " + check.message;
+  V pos = slice_positions(ctx, shape, dim, ctx.input(node, 2), source_shape, check);
   V r = scatter_linear(ctx, ctx.reshape(x, shape), pos, ctx.reshape(source, source_shape), nullptr);
   ctx.set_result(ctx.reshape(r, out.shape));
 }
@@ -103,7 +109,7 @@ void lower_index_reduce(LoweringContext& ctx, const Node& node) {
   int64_t dim = wrap_dim(node.args[1].i, x.type.rank());
   std::string reduce = node.args[4].s;
   bool include_self = node.args[5].as_bool();
-  V pos = slice_positions(ctx, shape, dim, ctx.input(node, 2), source_shape);
+  V pos = slice_positions(ctx, shape, dim, ctx.input(node, 2), source_shape, range_check());
   V base = ctx.reshape(x, shape);
   V updates = ctx.reshape(source, source_shape);
   bool is_bool = dt == DType::Bool;
