@@ -183,15 +183,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("in_bad_fork", &runtime_forked);
   m.def("check_not_forked", &check_not_forked);
   m.def("start", [] { runtime(); });
-  // One empty backward per tpu device, made in C++ so that its graph task holds no Python
-  // object: returns once autograd's thread for each device has dropped every earlier graph
-  // task (torchtpu/_exit.py says why).
+  // One empty backward per tpu device, made in C++ so that its graph task holds nothing whose
+  // release needs the GIL (no Python object, no tpu buffer: the gradient lands in the leaf's
+  // .grad, which this thread drops; a captured gradient would stay in the task's result):
+  // returns once autograd's thread for each device has dropped every earlier graph task
+  // (torchtpu/_exit.py says why).
   m.def("drain_autograd_threads", [](int64_t device_count) {
     py::gil_scoped_release no_gil;
     for (int64_t index = 0; index < device_count; ++index) {
       auto options = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, index));
       at::Tensor leaf = at::empty({0}, options).requires_grad_(true);
-      torch::autograd::grad({leaf}, {leaf}, {at::empty({0}, options)});
+      torch::autograd::backward({leaf}, {at::empty({0}, options)});
     }
   });
 
