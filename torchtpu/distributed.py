@@ -160,8 +160,10 @@ def _patch_free_unsharded():
     # holds unsharded data between the all-gathers.
     from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
 
+    # It must still free storages; torch 2.15 reads all_gather_outputs through
+    # free_all_gather_outputs(), which the wrapper's own read of the attribute does not need.
     free_unsharded = _patches.checked("fsdp2 free unsharded parameters", FSDPParam, "free_unsharded_param",
-                                      params=["self"], reads=["free_storage", "all_gather_outputs"])
+                                      params=["self"], reads=["free_storage"])
 
     @functools.wraps(free_unsharded)
     def free_unsharded_param(self):
