@@ -41,7 +41,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -356,25 +355,9 @@ class _Worker(oc._Worker):
 
 
 def worker_main(fd: int):
-    out = os.fdopen(fd, "w", buffering=1)
-
-    def send(message):
-        out.write(json.dumps(message) + "\n")
-        out.flush()
-
     worker = _Worker()
-    send({"type": "ready", "ops": worker.keys()})
-    for line in sys.stdin:
-        request = json.loads(line)
-        key = request["op"]
-        start = time.monotonic()
-        try:
-            result = worker.run_entry(key, request["samples"], request["backward"],
-                                      lambda p: send({"type": "progress", "op": key, **p}))
-        except Exception as error:  # noqa: BLE001  (a bug in the harness, not the entry)
-            result = {"fwd": "fail", "bwd": "n/a", "reason": oc._error("harness error", error)}
-        result["seconds"] = round(time.monotonic() - start, 3)
-        send({"type": "done", "op": key, "result": result})
+    oc.serve(fd, worker.keys(), lambda key, request, progress: worker.run_entry(
+        key, request["samples"], request["backward"], progress))
 
 
 # =========================================================================================

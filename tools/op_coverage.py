@@ -472,26 +472,32 @@ class _Worker:
             pass
 
 
-def worker_main(fd: int):
+def serve(fd: int, keys: list, run):
+    """A worker's loop (this tool's and tools/module_coverage.py's): announces `keys` on the pipe
+    `fd`, then answers each request on stdin with run(key, request, progress)'s result."""
     out = os.fdopen(fd, "w", buffering=1)
 
     def send(message):
         out.write(json.dumps(message) + "\n")
         out.flush()
 
-    worker = _Worker()
-    send({"type": "ready", "ops": list(worker.ops)})
+    send({"type": "ready", "ops": keys})
     for line in sys.stdin:
         request = json.loads(line)
         key = request["op"]
         start = time.monotonic()
         try:
-            result = worker.run_op(key, request["samples"], request["backward"],
-                                   lambda p: send({"type": "progress", "op": key, **p}), request.get("dtype", "float32"))
+            result = run(key, request, lambda p: send({"type": "progress", "op": key, **p}))
         except Exception as error:  # noqa: BLE001  (a bug in the harness, not the op)
             result = {"fwd": "fail", "bwd": "n/a", "reason": _error("harness error", error)}
         result["seconds"] = round(time.monotonic() - start, 3)
         send({"type": "done", "op": key, "result": result})
+
+
+def worker_main(fd: int):
+    worker = _Worker()
+    serve(fd, list(worker.ops), lambda key, request, progress: worker.run_op(
+        key, request["samples"], request["backward"], progress, request.get("dtype", "float32")))
 
 
 # =========================================================================================
