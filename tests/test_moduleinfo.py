@@ -10,28 +10,20 @@ tests/module_floor.txt and tests/optim_floor.txt: each entry with the least stat
 keep. The test fails naming every entry that no longer holds and warns listing the entries
 that pass better than held (raise them with the command in the files' headers).
 """
-import importlib.util
 import os
 import warnings
 
 import pytest
 
+from utils import ROOT, load_tool
+
 SAMPLES = 3  # per module: the first three of module_inputs_func (see the docstring)
 TIMEOUT_S = 120.0  # per entry; the slowest (nn.TransformerDecoderLayer, 3 samples) took 5 s on a loaded 2-core machine
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_harness():
-    spec = importlib.util.spec_from_file_location("module_coverage", os.path.join(ROOT, "tools", "module_coverage.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def coverage():
-    harness = _load_harness()
+    harness = load_tool("module_coverage")
     results = harness.run(samples=SAMPLES, backward=True, timeout=TIMEOUT_S, mode="fused", log=lambda message: None)
     for kind, data in results.items():
         print("\n" + harness.describe(kind, data))
@@ -47,7 +39,7 @@ def test_no_crashes_or_timeouts(coverage, kind):
 
 @pytest.mark.parametrize("kind", ["modules", "optims"])
 def test_passing_set_holds(coverage, kind):
-    harness = _load_harness()
+    harness = load_tool("module_coverage")
     lost, gained = harness.compare_floor(kind, coverage[kind])
     path = os.path.relpath(harness.FLOOR_PATHS[kind], ROOT)
     if gained:
@@ -61,7 +53,7 @@ def test_passing_set_holds(coverage, kind):
 
 
 def test_every_optimizer_implementation_is_an_entry():
-    harness = _load_harness()
+    harness = load_tool("module_coverage")
     harness.oc._stub_expecttest()
     from torch.testing._internal.common_optimizers import optim_db
 
@@ -77,7 +69,7 @@ def test_every_optimizer_implementation_is_an_entry():
 def test_module_tolerances_are_pytorchs_own_or_1e5():
     import torch
 
-    harness = _load_harness()
+    harness = load_tool("module_coverage")
     harness.oc._stub_expecttest()
     from torch.testing._internal.common_modules import module_db
 
@@ -91,7 +83,7 @@ def test_module_tolerances_are_pytorchs_own_or_1e5():
 @pytest.mark.parametrize("kind", ["modules", "optims"])
 def test_the_floor_file_is_what_the_tool_writes(kind):
     # Sorted, every line parsed, nothing held twice, every name still in PyTorch's database.
-    harness = _load_harness()
+    harness = load_tool("module_coverage")
     path = harness.FLOOR_PATHS[kind]
     held = harness.oc.read_floor(path)
     with open(path) as f:

@@ -11,28 +11,20 @@ entries that pass better than held; the file's header gives the command that rai
 machine's rounding can flip: XLA's CPU code follows the host's vector units, addbmm once
 differed by 1.5e-5) are held at "-".
 """
-import importlib.util
 import os
 import warnings
 
 import pytest
 
+from utils import load_tool
+
 SAMPLES = 2
 TIMEOUT_S = 60.0
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_harness():
-    spec = importlib.util.spec_from_file_location("op_coverage", os.path.join(ROOT, "tools", "op_coverage.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def coverage():
-    harness = _load_harness()
+    harness = load_tool("op_coverage")
     jobs = int(os.environ.get("TORCHTPU_OPINFO_JOBS", "1"))
     data = harness.run(samples=SAMPLES, backward=True, timeout=TIMEOUT_S, jobs=jobs, mode="fused",
                        log=lambda message: None)
@@ -56,7 +48,7 @@ def test_opinfo_no_timeouts(coverage):
 
 
 def test_opinfo_passing_set_holds(coverage):
-    harness = _load_harness()
+    harness = load_tool("op_coverage")
     lost, gained = harness.compare_floor(harness.read_floor(), coverage)
     if gained:
         warnings.warn(f"{len(gained)} OpInfo entries pass better than tests/opinfo_floor.txt holds; raise them with "
@@ -70,7 +62,7 @@ def test_opinfo_passing_set_holds(coverage):
 
 @pytest.fixture(scope="module")
 def op_db_by_name():
-    harness = _load_harness()
+    harness = load_tool("op_coverage")
     harness._stub_expecttest()
     from torch.testing._internal.common_methods_invocations import op_db
 
@@ -109,7 +101,7 @@ def test_opinfo_tolerances_are_pytorchs_own(op_db_by_name):
 def test_closeness():
     import torch
 
-    harness = _load_harness()
+    harness = load_tool("op_coverage")
     e = torch.tensor([1.0, -2.0, float("nan"), float("inf")], dtype=torch.float64)
     assert harness.closeness(e.clone(), e, 1e-5, 1e-5) == 0.0
     a = e + torch.tensor([1e-5, 0.0, 0.0, 0.0], dtype=torch.float64)
@@ -117,7 +109,7 @@ def test_closeness():
 
 
 def test_the_floor_names_what_stopped_passing_and_what_passes_better(tmp_path):
-    harness = _load_harness()
+    harness = load_tool("op_coverage")
     run = {"meta": {"dtype": "float32"}, "ops": {
         "abs": {"fwd": "pass", "bwd": "pass", "closeness_fwd": 0.1, "closeness_bwd": 0.2},
         "sin": {"fwd": "fallback", "bwd": "fail", "fallback_fwd": {"aten::sin": 2}, "bwd_reason": "mismatch"},
@@ -144,7 +136,7 @@ def test_the_floor_names_what_stopped_passing_and_what_passes_better(tmp_path):
 
 def test_the_floor_file_is_what_the_tool_writes():
     # Sorted, every line parsed, nothing held twice: a hand edit that breaks the format fails here.
-    harness = _load_harness()
+    harness = load_tool("op_coverage")
     held = harness.read_floor()
     with open(harness.FLOOR_PATH) as f:
         lines = [line.partition("#")[0].split() for line in f if line.partition("#")[0].strip()]
