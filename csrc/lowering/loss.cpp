@@ -329,8 +329,8 @@ struct MultilabelParts {
   int64_t rows, classes;
 };
 
-// is_target: [N, C] of the row's targets, computed (forward) or as given (backward, CPU reads
-// the forward's).
+// is_target: [N, C] of the row's targets, computed (forward: empty on entry) or the given one
+// reshaped to [N, C] (backward: CPU reads the forward's).
 MultilabelParts multilabel_parts(LoweringContext& ctx, const Node& node, int self_arg, bool check_targets,
                                  V* is_target) {
   V self = ctx.input(node, self_arg);
@@ -354,7 +354,9 @@ MultilabelParts multilabel_parts(LoweringContext& ctx, const Node& node, int sel
   V negatives = cumsum_along(ctx, ctx.select(ctx.compare("LT", t, zeros), ctx.constant_int(1, DType::Int64, row), zeros), 1);
   V slot = ctx.broadcast_in_dim(ctx.compare("EQ", negatives, zeros), pairs, {0, 1});
   m.picks = ctx.compare("EQ", ctx.broadcast_in_dim(t, pairs, {0, 1}), ctx.iota(pair_ints, 2));
-  if (is_target->name.empty()) {
+  if (!is_target->name.empty()) {
+    *is_target = ctx.reshape(*is_target, row);
+  } else {
     V hits = ctx.select(ctx.binary("stablehlo.and", m.picks, slot), ctx.constant_int(1, DType::Int64, pairs),
                         ctx.constant_int(0, DType::Int64, pairs));
     V marks = ctx.compare("GT", sum_dims(ctx, hits, {1}), zeros);
@@ -393,7 +395,7 @@ void lower_multilabel_margin_loss(LoweringContext& ctx, const Node& node) {
 // violated (target k, class d) pair adds g to d and takes g from y_k; g = 1/C, or 1/(N*C) for a mean.
 void lower_multilabel_margin_loss_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  V is_target = ctx.reshape(ctx.input(node, 4), {out.rank() == 2 ? out.shape[0] : 1, out.numel() / (out.rank() == 2 ? out.shape[0] : 1)});
+  V is_target = ctx.input(node, 4);
   MultilabelParts m = multilabel_parts(ctx, node, 1, /*check_targets=*/false, &is_target);
   DType dt = m.x.type.dtype;
   const std::vector<int64_t>& pairs = m.z.type.shape;
