@@ -1,20 +1,13 @@
 // Index-driven updates and reads beyond indexing.cpp's: take and put (flat positions),
 // index_fill, index_copy and index_reduce (slices along a dim). Every index goes through
-// `position_along`, the one place an index meets its dimension's size.
+// `checked_index` (lowering/common.h) with the op's CPU error for an index out of range: scatter
+// would drop it and gather clamp it, a silent wrong answer.
 #include <string>
 
 #include "lowering/common.h"
 
 namespace torchtpu {
 namespace {
-
-// An index tensor as positions into a dimension of `size`, int64, with a runtime check that
-// raises the op's CPU error for an index out of range (scatter would drop it and gather clamp
-// it: a silent wrong answer); negative indices count from the end where the op allows them
-// (take, put, index_fill: `check.negative_ok`).
-V position_along(LoweringContext& ctx, const V& index, int64_t size, const IndexCheck& check) {
-  return checked_index(ctx, index, size, DType::Int64, &check);
-}
 
 // take and put: "out of range: tried to access index 10 on a tensor of 5 elements."
 IndexCheck flat_check(int64_t numel) {
@@ -27,7 +20,8 @@ IndexCheck flat_check(int64_t numel) {
 void lower_take(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
-  V pos = position_along(ctx, ctx.input(node, 1), x.type.numel(), flat_check(x.type.numel()));
+  IndexCheck check = flat_check(x.type.numel());
+  V pos = checked_index(ctx, ctx.input(node, 1), x.type.numel(), DType::Int64, &check);
   ctx.set_result(ctx.reshape(gather_linear(ctx, x, pos), out.shape));
 }
 
@@ -36,7 +30,8 @@ void lower_put(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   V index = ctx.input(node, 1);
   int64_t n = index.type.numel();
-  V pos = ctx.reshape(position_along(ctx, index, x.type.numel(), flat_check(x.type.numel())), {n});
+  IndexCheck check = flat_check(x.type.numel());
+  V pos = ctx.reshape(checked_index(ctx, index, x.type.numel(), DType::Int64, &check), {n});
   V source = ctx.reshape(ctx.convert(ctx.input(node, 2), x.type.dtype), {n});
   bool accumulate = node.args[3].as_bool();
   const char* add = x.type.dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add";
@@ -51,7 +46,7 @@ V slice_positions(LoweringContext& ctx, const std::vector<int64_t>& self_shape, 
   std::vector<int64_t> coefs = strides;
   coefs[dim] = 0;
   V total = affine_index(ctx, source_shape, coefs, 0, DType::Int64);
-  V along = position_along(ctx, ctx.reshape(index, {source_shape[dim]}), self_shape[dim], check);
+  V along = checked_index(ctx, ctx.reshape(index, {source_shape[dim]}), self_shape[dim], DType::Int64, &check);
   along = ctx.binary("stablehlo.multiply", along, ctx.constant_int(strides[dim], DType::Int64, along.type.shape));
   return ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(along, source_shape, {dim}));
 }
@@ -76,7 +71,7 @@ void lower_index_fill(LoweringContext& ctx, const Node& node) {
   // selected[d]: some index names slice d.
   V slots = ctx.broadcast_in_dim(ctx.iota(TensorType{{size}, DType::Int64}, 0), {size, k}, {0});
   IndexCheck check = bounds_check(dim, size, true, RuntimeCheck::Error::Index);
-  V named = ctx.broadcast_in_dim(position_along(ctx, index, size, check), {size, k}, {1});
+  V named = ctx.broadcast_in_dim(checked_index(ctx, index, size, DType::Int64, &check), {size, k}, {1});
   V selected = ctx.reduce(ctx.compare("EQ", slots, named), {1}, ctx.constant_int(0, DType::Bool), "stablehlo.or");
   V mask = ctx.broadcast_in_dim(selected, shape, {dim});
   V filled = ctx.select(mask, ctx.broadcast_to(value, shape), ctx.reshape(x, shape));
