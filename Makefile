@@ -5,6 +5,12 @@ PYTHON_BOOT ?= python3.11
 VENV        := .venv
 PY          := $(VENV)/bin/python
 DEPS_STAMP  := $(VENV)/.torchtpu-deps
+# The versions of torch, jax and the PJRT plugin the venv gets: constraints.txt (the pinned
+# development stack, what CI tests). `make test PYTHON_BOOT=python3.12 VENV=.venv-3.12
+# CONSTRAINTS=tools/constraints-torch-newest.txt` tests the newest torch and jax on Python 3.12.
+CONSTRAINTS ?= constraints.txt
+# Another constraints file also overrides a site-wide pip constraint (an image may cap torch).
+site_constraint = $(if $(filter-out constraints.txt,$(CONSTRAINTS)),PIP_CONSTRAINT=/dev/null)
 EDIT_STAMP  := $(VENV)/.torchtpu-editable
 CCACHE      := $(shell command -v ccache 2>/dev/null)
 CXX         ?= g++
@@ -20,7 +26,7 @@ PACKAGE_DIR ?= torchtpu
 # (`make wheel` names unpacked torch wheels, one per supported minor).
 TORCH_DIR   ?=
 
-.PHONY: all install build extension core compiled-core cpptest demo test bench wheel check-torch-range check-torch-oldest check-torch-newest clean distclean
+.PHONY: all install build extension core compiled-core cpptest demo test bench wheel wheels check-wheels check-wheel-3.11 check-wheel-3.12 check-wheel-3.13 check-torch-range check-torch-oldest check-torch-newest clean distclean
 
 all: install
 
@@ -32,9 +38,13 @@ find_python = $(shell $(1) -c '' 2>/dev/null && echo $(1) || \
 $(PY):
 	$(call find_python,$(PYTHON_BOOT)) -m venv $(VENV)
 
-$(DEPS_STAMP): requirements.txt constraints.txt | $(PY)
+# The CPU PJRT plugin is installed without its dependencies: it declares jax<=0.11.2 (the jax
+# its XLA came from), and torchtpu compiles its own StableHLO with it beside any supported
+# jax (docs/ARCHITECTURE.md, "Runtimes": what changes with jaxlib 0.12).
+$(DEPS_STAMP): requirements.txt $(CONSTRAINTS) | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
+	$(site_constraint) $(PY) -m pip install -q -r requirements.txt -c $(CONSTRAINTS)
+	$(site_constraint) $(PY) -m pip install -q --no-deps -c $(CONSTRAINTS) lammps-jax-pjrt-cpu
 	touch $@
 
 # The editable install compiles through setup.py, i.e. `make extension` below.
@@ -144,6 +154,40 @@ $(WHEEL_VENV)/.ready:
 
 wheel: $(WHEEL_VENV)/.ready
 	$(WHEEL_VENV)/bin/python tools/make_wheel.py $(WHEEL_CACHE) dist
+
+# The wheels for every supported Python (the common library is compiled once for all).
+WHEEL_PYTHONS ?= 3.11 3.12 3.13
+wheels:
+	@for version in $(WHEEL_PYTHONS); do $(MAKE) --no-print-directory wheel PYTHON_BOOT=python$$version || exit 1; done
+
+# --- each release wheel installed as a user installs it ---
+# `make check-wheel-3.13` installs the newest dist/torchtpu-*-cp313-*.whl with pip into a venv
+# (build/wheel-check/3.13/) that has the torch and jax below, checks that pip left that torch
+# alone, and runs RANGE_TESTS (below) outside the source tree, against the installed wheel.
+# The pairs cover the torch minors check-torch-range does not run; `make check-wheels` runs
+# all three. The venv is kept (torch and its CUDA libraries are GBs); torchtpu is reinstalled.
+WHEEL_CHECK_DIR := build/wheel-check
+# $(1): Python version, $(2): torch release, $(3): jax and jaxlib release
+define wheel_check
+$(WHEEL_CHECK_DIR)/$(1)/.deps:
+	rm -rf $(WHEEL_CHECK_DIR)/$(1)/venv
+	$$(call find_python,python$(1)) -m venv $(WHEEL_CHECK_DIR)/$(1)/venv
+	PIP_CONSTRAINT=/dev/null $(WHEEL_CHECK_DIR)/$(1)/venv/bin/python -m pip install -q --find-links $(WHEEL_CACHE)/wheels \
+	  torch==$(2) 'jax[cpu]==$(3)' jaxlib==$(3) pytest
+	touch $$@
+
+check-wheel-$(1): $(WHEEL_CHECK_DIR)/$(1)/.deps
+	@wheel=$$$$(ls -t dist/torchtpu-*-cp$(subst .,,$(1))-*.whl | head -1) && test -n "$$$$wheel" && echo "check-wheel: $$$$wheel" && \
+	  PIP_CONSTRAINT=/dev/null $(WHEEL_CHECK_DIR)/$(1)/venv/bin/python -m pip install -q --find-links $(WHEEL_CACHE)/wheels "$$$$wheel[cpu]" && \
+	  $(WHEEL_CHECK_DIR)/$(1)/venv/bin/python -m pip install -q --no-deps --force-reinstall "$$$$wheel"
+	$(WHEEL_CHECK_DIR)/$(1)/venv/bin/python -c "import torch; assert torch.__version__.startswith('$(2)'), torch.__version__"
+	cd $(WHEEL_CHECK_DIR)/$(1) && venv/bin/python -m pytest -q -p no:cacheprovider $$(addprefix $(CURDIR)/,$$(RANGE_TESTS))
+endef
+$(eval $(call wheel_check,3.11,2.12.1,0.10.2))
+$(eval $(call wheel_check,3.12,2.14.1,0.12.0.1))
+$(eval $(call wheel_check,3.13,2.15.0,0.12.0.1))
+
+check-wheels: check-wheel-3.11 check-wheel-3.12 check-wheel-3.13
 
 # --- the oldest and newest supported torch, each with a jax and Python of its own ---
 # torch 2.11 with the oldest jax (0.10, Python 3.11) and torch 2.15 with the newest (0.12,

@@ -79,6 +79,8 @@ void lower_var_std(LoweringContext& ctx, const Node& node) {
   std::string f = rule_data(node);
   const TensorType& out = ctx.out(node);
   V x0 = ctx.input(node, 0);
+  // Dispatch sends integer and bool inputs to CPU's kernel (kVarStd); a graph lowered whole
+  // (torch.compile) meets this check instead.
   check_argument(is_floating(x0.type.dtype) || is_complex(x0.type.dtype), (f == "var" || f == "std" ? std::string("std and var") : f) +
                                                  " only support floating point and complex dtypes");
   std::vector<int64_t> dims = reduced_dims(node, 1, x0.type.rank());
@@ -357,10 +359,14 @@ LOWERING("aten::mean.dim", lower_sum_mean, "mean", kTakesComplex);
 LOWERING("aten::mean", lower_sum_mean, "mean", kTakesComplex);
 LOWERING("aten::prod", lower_prod, nullptr, kTakesComplex);
 LOWERING("aten::prod.dim_int", lower_prod, nullptr, kTakesComplex);
-LOWERING("aten::var.correction", lower_var_std, "var", kTakesComplex);
-LOWERING("aten::std.correction", lower_var_std, "std", kTakesComplex);
-LOWERING("aten::var_mean.correction", lower_var_std, "var_mean", kTakesComplex);
-LOWERING("aten::std_mean.correction", lower_var_std, "std_mean", kTakesComplex);
+// CPU refuses integer and bool inputs ("std and var only support floating point and complex
+// dtypes"; PyTorch's meta kernel passes them): such calls run through CPU's kernel, whose error
+// type is its torch release's (RuntimeError to 2.14, NotImplementedError from 2.15).
+constexpr RuleFlags kVarStd{.complex = true, .refuses = kBoolDTypes | kIntegerDTypes, .judged_on = Judged::Self};
+LOWERING("aten::var.correction", lower_var_std, "var", kVarStd);
+LOWERING("aten::std.correction", lower_var_std, "std", kVarStd);
+LOWERING("aten::var_mean.correction", lower_var_std, "var_mean", kVarStd);
+LOWERING("aten::std_mean.correction", lower_var_std, "std_mean", kVarStd);
 LOWERING("aten::max", lower_extremum, "max", kNotEmpty);
 LOWERING("aten::min", lower_extremum, "min", kNotEmpty);
 LOWERING("aten::amax", lower_extremum, "max");

@@ -62,6 +62,12 @@ CASES = [
     ("conv_transpose2d-int32", lambda i: F.conv_transpose2d(i[None, None], i[None, None, :2, :2]), I32),
     ("conv2d_dilated-int32", lambda i: F.conv2d(i[None, None], i[None, None, :2, :2], dilation=2), I32),
     ("glu-int", lambda i: F.glu(i, -1), I),
+    # CPU's error type depends on torch's release (RuntimeError to 2.14, NotImplementedError from
+    # 2.15): the tpu call gives whichever this torch's CPU gives.
+    ("std-int", torch.std, I),
+    ("var-bool", lambda b: torch.var(b, 0)),
+    ("var_mean-int32", lambda i: torch.var_mean(i, 1), I32),
+    ("std_mean-uint8", lambda u: torch.std_mean(u, 0, correction=0), U8),
     ("pow-bool", lambda b: torch.pow(b, b)),
     ("pow_scalar-bool", lambda b: True ** b),
     ("normal-int_mean", lambda i: torch.normal(i, 1.5), I),  # the meta kernel says float32
