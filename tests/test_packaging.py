@@ -294,3 +294,20 @@ def test_report_states_ranges_and_a_plugin_of_another_release(monkeypatch):
     assert problems == ["jax-cuda12-plugin 0.11.2 does not match jaxlib 0.12.0.1 (jax loads only its own "
                         "release's plugin). Fix: pip install 'jax[cuda12]==0.12.0.1'"]
     assert "1 problem(s):" in text and "status    OK" not in text
+
+
+def test_a_jaxlib_newer_than_the_pjrt_plugins_bound_is_refused_for_lapack():
+    from torchtpu import _pjrt
+
+    # lammps-jax-pjrt-cpu 0.11.2 declares jax<=0.11.2; jaxlib 0.12's handlers register with it
+    # but are never found (measured), so linear algebra under pjrt says why, before compiling.
+    requires = ["jax<=0.11.2"]
+    assert _pjrt.lapack_handlers_problem("/p/plugin.so", "0.10.2", requires) is None
+    assert _pjrt.lapack_handlers_problem("/p/plugin.so", "0.11.2", requires) is None
+    assert _pjrt.lapack_handlers_problem("/p/plugin.so", "0.12.0.1", requires) == (
+        "torchtpu: the PJRT plugin /p/plugin.so takes the LAPACK handlers of jaxlib 0.11.2 or older (its "
+        "metadata: jax<=0.11.2), but jaxlib 0.12.0.1 is installed, so linear algebra cannot run under "
+        "TORCHTPU_RUNTIME=pjrt. Fix: pip install 'jax[cpu]<=0.11.2' 'jaxlib<=0.11.2', or use the jaxlib "
+        "runtime (unset TORCHTPU_RUNTIME)")
+    assert _pjrt.lapack_handlers_problem("/p/plugin.so", "0.12.0.1", ["numpy"]) is None  # no bound declared
+    assert _pjrt.handlers_bound(["jax<=0.11.2; python_version >= '3.11'"]) == "0.11.2"

@@ -101,7 +101,9 @@ def test_spmd_says_it_needs_the_jaxlib_runtime(checks):
 
 
 def test_linalg_runs_through_jaxlibs_lapack_handlers(checks):
-    assert checks[0]["linalg"] == {"inv": True, "eigvalsh": True, "svdvals": True, "det": True}
+    # With a jaxlib newer than the plugin's own bound each raises the error that says so.
+    expected = _pjrt.lapack_handlers_problem(CPU_PLUGIN) or True
+    assert checks[0]["linalg"] == {"inv": expected, "eigvalsh": expected, "svdvals": expected, "det": expected}
 
 
 def test_the_plugin_logs_no_info_lines(checks):
@@ -250,10 +252,12 @@ SUBSET = [
     "tests/ops/test_cumulative.py::test_logcumsumexp",
     "tests/ops/test_elementwise.py::test_binary_special_values",
     "tests/ops/test_elementwise.py::test_products_feeding_adds_and_reductions_round_as_eager",
-    "tests/ops/test_linalg.py::test_solve_inv_det_slogdet",
-    "tests/ops/test_linalg.py::test_eigh_and_svd",
     "tests/test_jax_interop.py",
 ]
+# The LAPACK custom calls, where the plugin takes this jaxlib's handlers (with a newer jaxlib,
+# test_linalg_runs_through_jaxlibs_lapack_handlers checks the error instead).
+if not _pjrt.lapack_handlers_problem(CPU_PLUGIN):
+    SUBSET += ["tests/ops/test_linalg.py::test_solve_inv_det_slogdet", "tests/ops/test_linalg.py::test_eigh_and_svd"]
 
 
 def test_a_subset_of_the_suite_passes_under_pjrt():

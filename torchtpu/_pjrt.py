@@ -121,6 +121,55 @@ _registered = False
 _lock = threading.Lock()
 
 
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """(0, 12, 0, 1) of '0.12.0.1': the numeric release parts, compared as numbers."""
+    parts = []
+    for part in version.split("+")[0].split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
+
+
+def handlers_bound(requires: list[str]) -> str | None:
+    """The newest jax a plugin distribution takes ('0.11.2' of 'jax<=0.11.2'), or None."""
+    for requirement in requires:
+        name, _, rest = requirement.partition("<=")
+        if name.strip().lower() == "jax" and rest:
+            return rest.split(";")[0].split(",")[0].strip()
+    return None
+
+
+def lapack_handlers_problem(plugin_path: str, jaxlib_version: str | None = None,
+                            requires: list[str] | None = None) -> str | None:
+    """Why the plugin cannot take this jaxlib's LAPACK handlers (with the fix), or None.
+
+    lammps-jax-pjrt-cpu is XLA's CPU plugin built from one jaxlib's XLA and declares that jax
+    as its newest (jax<=0.11.2). jaxlib 0.12's handlers register with it without an error, yet
+    its compiler then finds none ("No FFI handler registered for lapack_dgetrf_ffi"), so a
+    jaxlib newer than the plugin's bound is refused here, before linear algebra compiles."""
+    import importlib.metadata
+
+    if requires is None:
+        distribution = distribution_of(plugin_path).split(" ")[0] if plugin_path else ""
+        try:
+            requires = importlib.metadata.requires(distribution) or [] if distribution else []
+        except importlib.metadata.PackageNotFoundError:
+            requires = []
+    bound = handlers_bound(requires)
+    if jaxlib_version is None:
+        try:
+            jaxlib_version = importlib.metadata.version("jaxlib")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    if bound is None or _version_tuple(jaxlib_version) <= _version_tuple(bound):
+        return None
+    return (f"torchtpu: the PJRT plugin {plugin_path} takes the LAPACK handlers of jaxlib {bound} or older "
+            f"(its metadata: jax<={bound}), but jaxlib {jaxlib_version} is installed, so linear algebra "
+            f"cannot run under TORCHTPU_RUNTIME=pjrt. Fix: pip install 'jax[cpu]<={bound}' "
+            "'jaxlib<=" + bound + "', or use the jaxlib runtime (unset TORCHTPU_RUNTIME)")
+
+
 def register_custom_calls(module_text: str) -> None:
     """Before the core compiles a module JAX lowered: jaxlib's LAPACK handlers (the custom
     calls of jax.lax.linalg on CPU) are registered with the CPU plugin, once per process.
@@ -135,6 +184,9 @@ def register_custom_calls(module_text: str) -> None:
     with _lock:
         if _registered:
             return
+        problem = lapack_handlers_problem(_C.runtime_info().get("plugin", ""))
+        if problem:
+            raise RuntimeError(problem)
         from jaxlib.cpu import _lapack
 
         _lapack.initialize()
