@@ -908,8 +908,11 @@ bool distributed_joined() { return g_distributed_joined; }
 namespace {
 
 // jax's coordination client of this process (set once joined), and the last error it
-// reported (a peer that stopped sending heartbeats, a failed shutdown barrier).
-py::object g_coordination_client;
+// reported (a peer that stopped sending heartbeats, a failed shutdown barrier). Never
+// destroyed: a global py::object's destructor runs after Python has finalized, and once jax
+// 0.12 lets go of its own reference at exit, it freed the client there (SIGSEGV on every
+// rank's exit).
+py::object& g_coordination_client = *new py::object();
 std::mutex g_coordination_error_mutex;
 std::string g_coordination_error;
 
