@@ -289,7 +289,8 @@ def test_compiled_graphs_check_indices_on_every_call():
 
 # ---- argument checks CPU makes (at the op, in every mode) --------------------------------
 # (Ops whose meta kernel already rejects the arguments - addmv's self dtype, var_mean of
-# integers - run on CPU, which raises its own error; these are the ones tpu checks itself.)
+# integers - run on CPU, which raises its own error; these are the ones tpu checks itself, but
+# std/var of integers, whose rule refuses them through CPU's kernel: its error type is torch's.)
 
 ARGUMENT_ERRORS = {
     "linear_int64_by_float": lambda d: F.linear(torch.ones(2, 3, dtype=torch.int64, device=d), torch.ones(4, 3, device=d)),

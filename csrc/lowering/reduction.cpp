@@ -80,7 +80,8 @@ void lower_var_std(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x0 = ctx.input(node, 0);
   // Dispatch sends integer and bool inputs to CPU's kernel (kVarStd); a graph lowered whole
-  // (torch.compile) meets this check instead.
+  // (torch.compile) can meet this check instead (RuntimeError; on torch 2.15 the compiled call
+  // raises CPU's NotImplementedError before it).
   check_argument(is_floating(x0.type.dtype) || is_complex(x0.type.dtype), (f == "var" || f == "std" ? std::string("std and var") : f) +
                                                  " only support floating point and complex dtypes");
   std::vector<int64_t> dims = reduced_dims(node, 1, x0.type.rank());
