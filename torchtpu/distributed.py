@@ -177,16 +177,23 @@ def _patch_free_unsharded():
 
 
 _FSDP_COPY_OUT_OPS = ("fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
+# torch 2.15 moved the reduce-scatter copy-in to this op (a group's gradients may mix dtypes).
+_FSDP_MIXED_COPY_IN = "fsdp::chunk_cat_mixed_dtype"
 
 
 @_patches.patch("fsdp2 copy-out kernels", when="tpu process group", kind="Functionalize kernel, added",
-                targets=_FSDP_COPY_OUT_OPS)
+                targets=(*_FSDP_COPY_OUT_OPS, f"{_FSDP_MIXED_COPY_IN} from torch 2.15"))
 def _patch_fsdp_copy_out():
     # FSDP2's copy-out ops write into their `out` tensors; tpu tensors are functionalized, so
     # these ops get what functionalization needs: the same work in ATen ops, which it handles.
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives  # noqa: F401  (defines the ops)
 
-    for op in _FSDP_COPY_OUT_OPS:
+    mixed = hasattr(torch.ops.fsdp, _FSDP_MIXED_COPY_IN.split("::")[1])
+    if mixed != (torch.__version__ >= "2.15"):
+        raise _patches.PatchError(f"torchtpu patch 'fsdp2 copy-out kernels': {_FSDP_MIXED_COPY_IN} "
+                                  f"{'exists' if mixed else 'does not exist'} in torch {torch.__version__}; "
+                                  "update this patch (torchtpu/distributed.py)")
+    for op in _FSDP_COPY_OUT_OPS + ((_FSDP_MIXED_COPY_IN,) if mixed else ()):
         namespace, name = op.split("::")
         if not hasattr(getattr(torch.ops, namespace), name):
             raise _patches.PatchError(f"torchtpu patch 'fsdp2 copy-out kernels': {op} does not exist in torch "
@@ -198,6 +205,8 @@ def _patch_fsdp_copy_out():
     library = _patches._library("fsdp")
     library.impl("split_with_sizes_copy", _split_with_sizes_copy, "Functionalize")
     library.impl("chunk_cat", _chunk_cat, "Functionalize")
+    if mixed:
+        library.impl("chunk_cat_mixed_dtype", _chunk_cat_mixed_dtype, "Functionalize")
 
 
 def _split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):
@@ -206,6 +215,12 @@ def _split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim=
 
 def _chunk_cat(tensors, dim, num_chunks, *, out):
     torch._chunk_cat(tensors, dim, num_chunks, out=out)
+
+
+def _chunk_cat_mixed_dtype(tensors, dim, num_chunks, *, out):
+    # Each gradient cast to the reduce-scatter input's dtype first, as PyTorch's own kernel
+    # does for mixes it has no fused copy for.
+    torch._chunk_cat([t.to(out.dtype) for t in tensors], dim, num_chunks, out=out)
 
 
 def _has_tpu_backend(group) -> bool:
