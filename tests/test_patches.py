@@ -108,7 +108,7 @@ def test_each_python_patch_changes_exactly_its_targets_and_passes_its_guard(monk
         _patches._path(owner, attribute)))
     monkeypatch.setattr(_patches, "_library", lambda namespace: _RecordingLibrary(namespace, changed))
     entry.install(*args)
-    assert tuple(changed) == entry.targets
+    assert tuple(changed) == entry.targets_here()
 
 
 class _RecordingLibrary:
@@ -152,7 +152,7 @@ def test_each_python_patch_can_be_undone_and_installed_again(name):
 def _target_keys(entry):
     """target -> its (owner, attribute) key of _patches._originals (attribute targets only)."""
     return {_patches._path(owner, attribute): (owner, attribute) for owner, attribute in _patches._originals
-            if _patches._path(owner, attribute) in entry.targets}
+            if _patches._path(owner, attribute) in entry.targets_here()}
 
 
 def _plain(value):
@@ -167,7 +167,7 @@ def _current(entry):
     """target -> what is there now: the attribute's function, or (kernel targets) False when
     the op has no Functionalize kernel."""
     values = {}
-    for target in entry.targets:
+    for target in entry.targets_here():
         if "::" in target:
             values[target] = torch._C._dispatch_has_kernel_for_dispatch_key(target, "Functionalize")
             continue

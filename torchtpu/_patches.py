@@ -52,6 +52,16 @@ class Patch:
     library: str = "torch"
     source: str = ""           # the file that makes the change
 
+    def targets_here(self) -> tuple[str, ...]:
+        """The targets the running torch has: "fsdp::op from torch 2.15" names fsdp::op from
+        that release on (a target a newer torch added; the table keeps the note)."""
+        found = []
+        for target in self.targets:
+            name, _, since = target.partition(" from torch ")
+            if not since or torch.__version__ >= since:
+                found.append(name)
+        return tuple(found)
+
     def row(self) -> tuple[str, str, str, str]:
         """The entry as a row of the table in docs/ARCHITECTURE.md."""
         return (self.name, self.kind, self.when, ", ".join(t if " " in t else f"`{t}`" for t in self.targets))
