@@ -125,3 +125,65 @@ def test_every_target_ignored_gives_zero_gradients(mode, reduction):
           grad=True)
     check(lambda x, t: F.nll_loss(x, t, ignore_index=2, reduction=reduction), r(2, 3, 2, 2),
           torch.full((2, 2, 2), 2), grad=True)
+
+
+def _ctc_case(seed, steps=12, batch=4, classes=6, longest=5, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    log_probs = torch.randn(steps, batch, classes, generator=g, dtype=dtype).log_softmax(2).requires_grad_()
+    targets = torch.randint(1, classes, (batch, longest), generator=g)
+    targets[0, 1] = targets[0, 0]  # a repeated label: the path must pass a blank between them
+    return log_probs, targets
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_ctc_loss(mode, reduction):
+    # The alpha/beta recursions run on device (one while loop over time each); padded (2-d) and
+    # concatenated (1-d) targets, lengths as lists and as tensors (read on the host, as CUDA
+    # does), an empty target, a short input, another blank index, float64.
+    log_probs, targets = _ctc_case(0)
+    input_lengths, target_lengths = [12, 10, 7, 4], [5, 3, 0, 3]
+    concatenated = torch.cat([targets[b, :n] for b, n in enumerate(target_lengths)])
+    for tg in (targets, concatenated):
+        check(lambda x, t: F.ctc_loss(x, t, input_lengths, target_lengths, reduction=reduction), log_probs, tg, grad=True)
+        check(lambda x, t, il, tl: F.ctc_loss(x, t, il, tl, reduction=reduction), log_probs, tg,
+              torch.tensor(input_lengths), torch.tensor(target_lengths, dtype=torch.int32), grad=True)
+    check(lambda x, t: F.ctc_loss(x, t, input_lengths, target_lengths, blank=5, reduction=reduction),
+          log_probs, targets - 1, grad=True)
+    log_probs64, targets64 = _ctc_case(1, dtype=torch.float64)
+    check(lambda x, t: F.ctc_loss(x, t, [12, 12, 11, 6], [5, 5, 2, 1], reduction=reduction), log_probs64, targets64,
+          grad=True, rtol=1e-12, atol=1e-12)
+    # unbatched: [T, C] log-probabilities and one target
+    check(lambda x, t: F.ctc_loss(x, t, [9], [4], reduction=reduction), log_probs[:9, 0].detach().requires_grad_(),
+          targets[0, :4], grad=True)
+
+
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss_impossible_alignments(mode, zero_infinity):
+    # A target longer than its input (or than the steps its repeats need) and -inf
+    # log-probabilities: an infinite loss and NaN gradients as on CPU, or zeros with zero_infinity.
+    log_probs, targets = _ctc_case(2)
+    log_probs = log_probs.detach().clone()
+    log_probs[2:5, 1, 3] = float("-inf")
+    log_probs[:, 2, 0] = float("-inf")
+    targets[1, :3] = 3
+    log_probs.requires_grad_()
+    for reduction in ("none", "mean"):
+        check(lambda x, t: F.ctc_loss(x, t, [12, 5, 2, 4], [5, 3, 3, 4], reduction=reduction,
+                                      zero_infinity=zero_infinity), log_probs, targets, grad=True)
+
+
+def test_ctc_loss_errors_as_cpu(mode):
+    log_probs, targets = _ctc_case(3)
+    log_probs = log_probs.detach()
+    check_error(lambda x, t: F.ctc_loss(x, t, [12, 12, 12, 12], [5, 5, 5, 5], blank=6), log_probs, targets)
+    check_error(lambda x, t: F.ctc_loss(x, t, [12, 13, 12, 12], [5, 5, 5, 5]), log_probs, targets)
+    check_error(lambda x, t: F.ctc_loss(x, t, [12, 12, 12, 12], [5, 6, 5, 5]), log_probs, targets)
+
+
+@pytest.mark.modes("fused")
+def test_ctc_loss_compiled(mode):
+    log_probs, targets = _ctc_case(4)
+    loss = torch.nn.CTCLoss(zero_infinity=True)
+    compiled = torch.compile(torch.nn.CTCLoss(zero_infinity=True), backend="tpu")
+    check(lambda x, t, il, tl: compiled(x, t, il, tl) if x.device.type == "tpu" else loss(x, t, il, tl),
+          log_probs, targets, torch.tensor([12, 10, 7, 4]), torch.tensor([5, 3, 0, 3]), grad=True)
