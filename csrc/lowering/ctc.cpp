@@ -1,7 +1,7 @@
 // CTC loss (nn.CTCLoss) forward and backward as CPU's kernel computes them: the alpha and beta
 // recursions over time in log space, each one stablehlo.while over t with every batch item and
 // every position s of the blank-extended target (l') updated at once; the gradient sums
-// alpha * beta per class in log space. The lengths are numbers here (the tensor-lengths
+// alpha * beta per class in log space, in CPU's order. The lengths are numbers here (the tensor-lengths
 // overloads read them on the host first, as CUDA's kernels do: device/data_dependent.cpp).
 #include <limits>
 
@@ -277,25 +277,38 @@ void lower_ctc_loss_backward(LoweringContext& ctx, const Node& node) {
                               with_row(ctx, st[2], beta, t)};
       });
   V betas = done[2];  // [T, N, S]
-  // log(sum over s with l'[s] = c of alpha * beta), per (t, b, c): CPU's running log-add in
-  // one scatter-max and one scatter-add; -inf where no s reaches the class.
+  // log(sum over s with l'[s] = c of alpha * beta), per (t, b, c), in CPU's order: a running
+  // log-add over s from the last position down (a loop over s, every t, b and class at once);
+  // -inf where no s reaches the class. The gradient below cancels (collected + nll, nll large),
+  // so the order of these roundings shows in it.
   Ex x = make_ex(ctx, c.dt, cube);
+  V neg_inf = x.k(-std::numeric_limits<double>::infinity());
   V t_cube = ctx.iota(TensorType{cube, DType::Int64}, 0);
   V inside_t = ctx.compare("LT", t_cube, ctx.broadcast_in_dim(int_vector(ctx, c.input_lengths), cube, {1}));
   V valid = ctx.binary("stablehlo.and", inside_t, ctx.broadcast_in_dim(c.in_target, cube, {1, 2}));
-  V ab = x.sel(valid, x.add(ctx.transpose(log_alpha, {1, 0, 2}), betas), x.k(-std::numeric_limits<double>::infinity()));
+  V ab = x.sel(valid, x.add(ctx.transpose(log_alpha, {1, 0, 2}), betas), neg_inf);
+  V ab_by_s = ctx.transpose(ab, {2, 0, 1});        // [S, T, N]
+  V prime_by_s = ctx.transpose(c.prime, {1, 0});  // [S, N]
   std::vector<int64_t> grid = {c.steps, c.batch, c.labels};
-  V clamped = ctx.binary("stablehlo.minimum", ctx.binary("stablehlo.maximum", c.prime, i64(0)), i64(c.labels - 1));
-  V where = ctx.binary("stablehlo.add", affine_index(ctx, cube, {c.batch * c.labels, c.labels, 0}, 0, DType::Int64),
-                       ctx.broadcast_in_dim(clamped, cube, {1, 2}));
   Ex g = make_ex(ctx, c.dt, grid);
   V neg_grid = g.k(-std::numeric_limits<double>::infinity());
-  V peak = scatter_linear(ctx, neg_grid, where, ab, "stablehlo.maximum");
-  V peak_at = gather_linear(ctx, peak, where);
-  V shifted = x.sel(x.cmp("EQ", peak_at, x.k(-std::numeric_limits<double>::infinity())),
-                    x.k(-std::numeric_limits<double>::infinity()), x.sub(ab, peak_at));
-  V sums = scatter_linear(ctx, g.k(0.0), where, x.un("stablehlo.exponential", shifted), "stablehlo.add");
-  V collected = g.sel(g.cmp("EQ", peak, neg_grid), neg_grid, g.add(g.un("stablehlo.log", sums), peak));
+  V class_iota = ctx.iota(TensorType{grid, DType::Int64}, 2);
+  std::vector<V> folded = ctx.while_loop(
+      {ctx.constant_int(c.positions - 1, DType::Int64), neg_grid},
+      [&](const std::vector<V>& st) { return ctx.compare("GE", st[0], ctx.constant_int(0, DType::Int64)); },
+      [&](const std::vector<V>& st) {
+        V at = st[0], acc = st[1];
+        V value = ctx.broadcast_in_dim(row_at(ctx, ab_by_s, at), grid, {0, 1});
+        V label = ctx.broadcast_in_dim(row_at(ctx, prime_by_s, at), grid, {1});
+        V m = g.sel(g.cmp("LT", acc, value), value, acc);  // std::max(lcab, log_alpha_beta)
+        V added = g.add(g.un("stablehlo.log", g.add(g.un("stablehlo.exponential", g.sub(acc, m)),
+                                                    g.un("stablehlo.exponential", g.sub(value, m)))),
+                        m);
+        V next = g.sel(g.cmp("EQ", acc, neg_grid), value, added);
+        return std::vector<V>{ctx.binary("stablehlo.subtract", at, ctx.constant_int(1, DType::Int64)),
+                              g.sel(ctx.compare("EQ", class_iota, label), next, acc)};
+      });
+  V collected = folded[1];
   // (exp(lp) - exp(collected + nll - lp)) * grad for t < input_length, else 0.
   V lp = log_probs;
   V nll_b = ctx.broadcast_in_dim(nll, grid, {1}), gr = ctx.broadcast_in_dim(grad_out, grid, {1});
