@@ -369,7 +369,14 @@ void lower_fractional_max_pool(LoweringContext& ctx, const Node& node) {
   DType dt = x.type.dtype;
   std::vector<int64_t> lead(x.type.shape.begin(), x.type.shape.end() - n), per_axis = lead;
   per_axis.push_back(n);
-  V samples = ctx.reshape(ctx.convert(ctx.input(node, 3), dt), per_axis);
+  // CPU reads the samples of batch item b (of item 0 for an unbatched input): a samples
+  // tensor may hold more items than the input.
+  V given = ctx.convert(ctx.input(node, 3), dt);
+  std::vector<int64_t> items = given.type.shape;
+  items[0] = lead.size() > 1 ? lead[0] : 1;
+  V samples = ctx.reshape(ctx.slice(given, std::vector<int64_t>(items.size(), 0), items,
+                                    std::vector<int64_t>(items.size(), 1)),
+                          per_axis);
   std::vector<int64_t> lead_dims(lead.size());
   for (size_t d = 0; d < lead.size(); ++d) lead_dims[d] = static_cast<int64_t>(d);
   CellWindows cells;

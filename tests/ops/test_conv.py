@@ -122,7 +122,7 @@ def test_fractional_max_pool_ties_nans(mode):
         check(lambda x, u: F.fractional_max_pool2d(x, kernel, output_size=size, _random_samples=u).nan_to_num(0.0, 0.0, 0.0),
               x, u, grad=True)
     check(lambda x, u: F.fractional_max_pool2d(x, 2, output_ratio=(0.5, 0.5), return_indices=True, _random_samples=u),
-          r(3, 8, 9), _samples(130, 1, 3, 2), grad=True)
+          r(3, 8, 9), _samples(130, 2, 3, 2), grad=True)  # unbatched: item 0 of the samples
     x3 = _pool_input(140, (2, 2, 7, 8, 6))
     for i, (kernel, size) in enumerate((((2, 3, 2), (4, 5, 3)), (3, (1, 2, 3)), (2, (5, 6, 4)))):
         u = _samples(150 + i, 2, 2, 3)
@@ -133,7 +133,7 @@ def test_fractional_max_pool_ties_nans(mode):
               x, u, grad=True)
     x64 = torch.randn(2, 5, 6, 7, dtype=torch.float64, requires_grad=True)
     check(lambda x, u: F.fractional_max_pool3d(x, 2, output_size=(3, 4, 5), return_indices=True, _random_samples=u),
-          x64, _samples(170, 1, 2, 3, dtype=torch.float64), grad=True)
+          x64, _samples(170, 2, 2, 3, dtype=torch.float64), grad=True)
 
 
 @pytest.mark.modes("fused")
