@@ -53,6 +53,8 @@ void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
     }
     Node* start = root->node.get();
     if (g->node_index.count(start) || visiting.count(start)) continue;
+    // A strict-mode graph is this node alone: its operands are all its parameters.
+    if (g->params.empty()) g->params.reserve(start->operands.size());
     stack.emplace_back(start, 0);
     visiting.emplace(start, 0);
     while (!stack.empty()) {
