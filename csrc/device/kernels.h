@@ -158,6 +158,8 @@ std::tuple<at::Tensor, at::Tensor> multilabel_margin_loss_forward_meta(const at:
                                                                       int64_t reduction);
 at::Tensor multilabel_margin_loss_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
                                                const at::Tensor& target, int64_t reduction, const at::Tensor& is_target);
+void fused_optimizer_step_functionalize(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // _fused_adamw_, ...
+void fused_optimizer_step_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // _fused_adamw, ...
 void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor tpu_lift_fresh(const at::Tensor& self);
 void record_stream_functionalize(at::Tensor& self, c10::Stream stream);
