@@ -107,7 +107,8 @@ void register_kernel_overrides() {
   // for the functional forms PyTorch gives none (the tensor_lr overloads exist from some
   // torch release on: an overload this torch lacks is left out).
   KernelOverride step_functionalize("functionalize fused optimizers", "aten", DispatchKey::Functionalize,
-                                    OverrideKind::Replaces);
+                                    OverrideKind::Replaces,
+                                    "every in-place aten::_fused_{adam,adamw,sgd,adagrad}_ overload (float or tensor lr)");
   KernelOverride step_meta("meta fused optimizers", "aten", DispatchKey::Meta, OverrideKind::Adds,
                            "every functional aten::_fused_{adam,adamw,sgd,adagrad} overload without a Meta kernel");
   for (const char* base : {"_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"})
