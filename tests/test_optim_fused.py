@@ -216,9 +216,7 @@ def test_amp_grad_scaler_with_a_fused_optimizer(mode):
         return model, opt, scales
 
     cpu_model, cpu_opt, cpu_scales = run("cpu")
-    # GradScaler's own two ops (its inf check and its scale update) have no lowering yet: they
-    # run on CPU, counted; everything else, the fused step included, stays on the device.
-    with no_new_fallbacks(allowed=("aten::_amp_foreach_non_finite_check_and_unscale_", "aten::_amp_update_scale_")):
+    with no_new_fallbacks():
         model, opt, scales = run("tpu")
     assert scales == cpu_scales
     assert_matches_cpu(model, opt, cpu_model, cpu_opt)
@@ -238,3 +236,28 @@ def test_compiled_training_step_with_a_fused_optimizer(name, mode):
         losses = train(model, opt, "tpu", steps=4, step_fn=lambda step: torch.compile(step, backend="tpu"))
     torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
     assert_matches_cpu(model, opt, cpu_model, cpu_opt)
+
+
+@pytest.mark.parametrize("case", ["finite", "nan", "inf_half", "grows", "grows_to_inf"])
+def test_grad_scaler_ops_match_cpu(case, mode):
+    # GradScaler's inf check (with unscaling) and scale update, lowered beside the fused steps.
+    def run(device):
+        g = torch.Generator().manual_seed(5)
+        dtype = torch.float16 if case == "inf_half" else torch.float32
+        grads = [torch.randn(3, 4, generator=g).to(dtype), torch.randn(5, generator=g).to(dtype)]
+        if case == "nan":
+            grads[1][2] = float("nan")
+        if case == "inf_half":
+            grads[0][1, 1] = float("inf")
+        grads = [t.to(device) for t in grads]
+        found_inf = torch.zeros(1).to(device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, torch.full((1,), 0.125).to(device))
+        scale = torch.full((1,), 3e38 if case == "grows_to_inf" else 1024.0).to(device)
+        tracker = torch.tensor([1 if case.startswith("grows") else 0], dtype=torch.int32).to(device)
+        torch._amp_update_scale_(scale, tracker, found_inf, 2.0, 0.5, 2)
+        return [t.cpu() for t in grads + [found_inf, scale, tracker]]
+
+    expected = run("cpu")
+    with no_new_fallbacks():
+        actual = run("tpu")
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)

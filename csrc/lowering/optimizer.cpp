@@ -6,7 +6,8 @@
 // gradients (which are written back unscaled) and found_inf == 1 leaves everything as it was.
 // Hyperparameters are lifted (RuleFlags::lifts_floats), so a changing learning rate does not
 // recompile; the ones whose being zero changes the math (weight_decay, momentum) are not
-// lifted when zero, so a zero stays a structural constant.
+// lifted when zero, so a zero stays a structural constant. GradScaler's two ops (its inf check
+// and its scale update) are here too.
 #include <string>
 
 #include "lowering/common.h"
@@ -264,6 +265,54 @@ void lower_fused_adagrad(LoweringContext& ctx, const Node& node) {
   ctx.set_results(results);
 }
 
+// ---------------------------------------------------------------------------------------
+// AMP's GradScaler ops, which hand the fused steps their grad_scale and found_inf.
+
+// _amp_foreach_non_finite_check_and_unscale(grads, found_inf, inv_scale) -> (grads * inv_scale,
+// found_inf set to 1 where any gradient holds an inf or NaN, else as it was).
+void lower_amp_non_finite_check_and_unscale(LoweringContext& ctx, const Node& node) {
+  std::vector<V> grads = ctx.inputs(node, 0);
+  V found_inf = ctx.input(node, 1);
+  V inv_scale = scalar_tensor(ctx, ctx.input(node, 2), DType::Float32);
+  V any_non_finite = ctx.constant_int(0, DType::Bool);
+  std::vector<V> results;
+  for (const V& grad : grads) {
+    DType cd = compute_dtype(grad.type.dtype);
+    Ex e = make_ex(ctx, cd, grad.type.shape);
+    V x = ctx.convert(grad, cd);
+    V finite = ctx.emit("stablehlo.is_finite", {x}, TensorType{x.type.shape, DType::Bool});
+    any_non_finite = e.bor(any_non_finite, any_true(ctx, e.bnot(finite)));
+    results.push_back(ctx.convert(e.mul(x, coefficient(e, inv_scale)), grad.type.dtype));
+  }
+  V found = ctx.broadcast_in_dim(any_non_finite, found_inf.type.shape, {});
+  results.push_back(ctx.select(found, ctx.constant(1.0, found_inf.type.dtype, found_inf.type.shape), found_inf));
+  ctx.set_results(results);
+}
+
+// _amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, interval)
+//   -> (scale, growth_tracker) as CPU's kernel updates them: backed off (tracker 0) after an
+//   overflow, else grown (in double, kept only when finite; tracker 0) every `interval`
+//   successful steps, else the tracker counts.
+void lower_amp_update_scale(LoweringContext& ctx, const Node& node) {
+  V scale = ctx.input(node, 0), tracker = ctx.input(node, 1), found_inf = ctx.input(node, 2);
+  DType wide = wide_dtype(ctx);
+  const std::vector<int64_t>& shape = scale.type.shape;
+  V overflowed = ctx.compare("NE", found_inf, ctx.constant(0.0, found_inf.type.dtype, found_inf.type.shape));
+  V successful = ctx.binary("stablehlo.add", tracker, ctx.constant_int(1, tracker.type.dtype, tracker.type.shape));
+  V grows = ctx.compare("EQ", successful, ctx.constant_int(node.args[5].as_int(), tracker.type.dtype, tracker.type.shape));
+  V scale_wide = ctx.convert(scale, wide);
+  auto times = [&](int arg) {
+    V factor = ctx.broadcast_in_dim(hyperparameter(ctx, node, arg), shape, {});
+    return ctx.convert(ctx.binary("stablehlo.multiply", scale_wide, factor), scale.type.dtype);
+  };
+  V grown = times(3);
+  V grown_if_finite = ctx.select(ctx.emit("stablehlo.is_finite", {grown}, TensorType{shape, DType::Bool}), grown, scale);
+  V zero = ctx.constant_int(0, tracker.type.dtype, tracker.type.shape);
+  V new_scale = ctx.select(overflowed, times(4), ctx.select(grows, grown_if_finite, scale));
+  V new_tracker = ctx.select(overflowed, zero, ctx.select(grows, zero, successful));
+  ctx.set_results({new_scale, new_tracker});
+}
+
 // CPU's fused kernels take floating parameters only (AT_DISPATCH_FLOATING_TYPES_AND2).
 constexpr RuleFlags kFusedStep{.lifts_floats = true, .refuses = kBoolDTypes | kIntegerDTypes};
 
@@ -275,6 +324,8 @@ LOWERING("aten::_fused_sgd", lower_fused_sgd, nullptr, kFusedStep);
 LOWERING("aten::_fused_sgd.tensor_lr", lower_fused_sgd, nullptr, kFusedStep);
 LOWERING("aten::_fused_adagrad", lower_fused_adagrad, nullptr, kFusedStep);
 LOWERING("aten::_fused_adagrad.tensor_lr", lower_fused_adagrad, nullptr, kFusedStep);
+LOWERING("aten::_amp_foreach_non_finite_check_and_unscale", lower_amp_non_finite_check_and_unscale, nullptr, kFloatOnly);
+LOWERING("aten::_amp_update_scale", lower_amp_update_scale);
 
 }  // namespace
 }  // namespace torchtpu
