@@ -261,3 +261,26 @@ def test_grad_scaler_ops_match_cpu(case, mode):
     with no_new_fallbacks():
         actual = run("tpu")
     torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.modes("fused")
+def test_compiled_call_of_the_fused_op_is_one_graph(mode):
+    # PyTorch keeps torch.compile out of its optimizers' fused path (torch.compiler.disable), but
+    # a compiled function that calls the op itself traces it: AOTAutograd functionalizes it
+    # (through torchtpu's Functionalize kernel, an empty max_exp_avg_sqs included) into one graph.
+    from torch._dynamo.utils import counters
+
+    def step(*lists):
+        torch._fused_adamw_(*lists, lr=0.02, beta1=0.9, beta2=0.99, weight_decay=0.05, eps=1e-8, amsgrad=False,
+                            maximize=False)
+
+    expected, _ = fused_call_args("cpu", amsgrad=False)
+    step(*expected)
+    actual, _ = fused_call_args("tpu", amsgrad=False)
+    torch._dynamo.reset()
+    counters.clear()
+    with no_new_fallbacks():
+        torch.compile(step, backend="tpu")(*actual)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    torch.testing.assert_close([t.cpu() for ts in actual for t in ts], [t for ts in expected for t in ts],
+                               rtol=RTOL, atol=ATOL)
