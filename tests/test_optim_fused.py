@@ -284,3 +284,24 @@ def test_compiled_call_of_the_fused_op_is_one_graph(mode):
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
     torch.testing.assert_close([t.cpu() for ts in actual for t in ts], [t for ts in expected for t in ts],
                                rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.modes("fused")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_parameters_compute_in_float32_and_round_once(dtype, mode):
+    # CPU's kernel computes half-precision parameters in float32 and rounds each result once.
+    # Measured bit-equal; one ulp of the dtype is allowed for a float32 difference that lands
+    # on a rounding boundary.
+    def run(device):
+        lists, scaling = fused_call_args("cpu", amsgrad=True, grad_scale=4.0)
+        lists = [[t.to(dtype) if k < 5 else t for t in ts] for k, ts in enumerate(lists)]  # steps stay float32
+        lists = [[t.to(device) for t in ts] for ts in lists]
+        torch._fused_adam_(*lists, lr=1e-2, beta1=0.9, beta2=0.99, weight_decay=0.1, eps=1e-8, amsgrad=True,
+                           maximize=False, **{k: v.to(device) for k, v in scaling.items()})
+        return [t.cpu() for ts in lists for t in ts]
+
+    expected = run("cpu")
+    with no_new_fallbacks():
+        actual = run("tpu")
+    ulp = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}[dtype]
+    torch.testing.assert_close(actual, expected, rtol=ulp, atol=0)
