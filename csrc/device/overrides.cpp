@@ -374,6 +374,7 @@ at::Tensor ctc_loss_backward_meta(const at::Tensor& grad, const at::Tensor& log_
                                   const at::Tensor& neg_log_likelihood, const at::Tensor& log_alpha, int64_t blank,
                                   bool zero_infinity) {
   return at::empty_like(log_probs);
+}
 
 // ---------------------------------------------------------------------------------------
 // The fused optimizer steps (torch._fused_adam_, _fused_adamw_, _fused_sgd_, _fused_adagrad_).
