@@ -306,8 +306,8 @@ def test_optimizer_matches_cpu(name, impl, mode):
     assert_same_params(model, cpu_model)
 
 
-# fused=True on tpu runs PyTorch's foreach implementation (torchtpu's optimizer pre-step
-# hook): in fused mode the whole optimizer step is one XLA executable anyway.
+# fused=True on tpu runs PyTorch's fused kernels' arithmetic, lowered (tests/test_optim_fused.py
+# covers every mode, AMP and compiled); the user's settings stay as given.
 @pytest.mark.modes("fused")
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_fused_optimizer_matches_cpu(name, mode):

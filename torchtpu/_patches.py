@@ -716,18 +716,8 @@ def _register_optimizer_hooks():
                     _C.sync(False, "optimizer_step")
                     return
 
-    # fused=True: PyTorch accepts it for tpu, but its fused kernels (_fused_adam_, ...) are
-    # CUDA kernels with no functional form. On tpu the foreach path is the fused one: in
-    # fused mode the whole step becomes one XLA executable. Same math, same results.
-    def fused_means_foreach(optimizer, args, kwargs):
-        for group in optimizer.param_groups:
-            if group.get("fused") and any(p.device.type == "tpu" for p in group["params"]):
-                group["fused"] = False
-                group["foreach"] = True
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-    register_optimizer_step_pre_hook(fused_means_foreach)
     register_optimizer_step_post_hook(flush_after_step)
 
 

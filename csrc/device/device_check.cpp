@@ -31,7 +31,10 @@ const char* cpu_scalar_argument(const std::string& name) {
       {"aten::masked_fill.Tensor", "value"}, {"aten::masked_fill_.Tensor", "value"},
       {"aten::masked_fill.Scalar", "value"}, {"aten::masked_fill_.Scalar", "value"},
       {"aten::_fused_adam_.tensor_lr", "lr"}, {"aten::_fused_adamw_.tensor_lr", "lr"},
-      {"aten::_fused_sgd_.tensor_lr", "lr"}};
+      {"aten::_fused_sgd_.tensor_lr", "lr"}, {"aten::_fused_adagrad_.tensor_lr", "lr"},
+      // their functional forms, which functionalization calls on the device
+      {"aten::_fused_adam.tensor_lr", "lr"}, {"aten::_fused_adamw.tensor_lr", "lr"},
+      {"aten::_fused_sgd.tensor_lr", "lr"}, {"aten::_fused_adagrad.tensor_lr", "lr"}};
   auto it = ops.find(name);
   return it == ops.end() ? nullptr : it->second;
 }

@@ -106,6 +106,25 @@ void register_kernel_overrides() {
   KernelOverride("meta fractional max pool 3d and CTC backward", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
       .impl("fractional_max_pool3d_backward", torch::CppFunction(TORCH_FN(fractional_max_pool3d_backward_meta)))
       .impl("_ctc_loss_backward", torch::CppFunction(TORCH_FN(ctc_loss_backward_meta)));
+  // The fused optimizer steps: their in-place forms' Functionalize kernels, and Meta kernels
+  // for the functional forms PyTorch gives none (the tensor_lr overloads exist from some
+  // torch release on: an overload this torch lacks is left out).
+  KernelOverride step_functionalize("functionalize fused optimizers", "aten", DispatchKey::Functionalize,
+                                    OverrideKind::Replaces,
+                                    "every in-place aten::_fused_{adam,adamw,sgd,adagrad}_ overload (float or tensor lr)");
+  KernelOverride step_meta("meta fused optimizers", "aten", DispatchKey::Meta, OverrideKind::Adds,
+                           "every functional aten::_fused_{adam,adamw,sgd,adagrad} overload without a Meta kernel");
+  for (const char* base : {"_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"})
+    for (const char* overload : {"", "tensor_lr"}) {
+      std::string suffix = *overload ? std::string(".") + overload : "";
+      auto& dispatcher = c10::Dispatcher::singleton();
+      if (dispatcher.findSchema({std::string("aten::") + base + "_", overload}))
+        step_functionalize.impl(base + std::string("_") + suffix,
+                                torch::CppFunction::makeFromBoxedFunction<&fused_optimizer_step_functionalize>());
+      auto functional = dispatcher.findSchema({std::string("aten::") + base, overload});
+      if (functional && !functional->hasKernelForDispatchKey(DispatchKey::Meta))
+        step_meta.impl(base + suffix, torch::CppFunction::makeFromBoxedFunction<&fused_optimizer_step_meta>());
+    }
 }
 
 }  // namespace

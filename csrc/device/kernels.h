@@ -165,6 +165,8 @@ at::Tensor ctc_loss_backward_meta(const at::Tensor& grad, const at::Tensor& log_
                                   at::IntArrayRef input_lengths, at::IntArrayRef target_lengths,
                                   const at::Tensor& neg_log_likelihood, const at::Tensor& log_alpha, int64_t blank,
                                   bool zero_infinity);
+void fused_optimizer_step_functionalize(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // _fused_adamw_, ...
+void fused_optimizer_step_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // _fused_adamw, ...
 void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor tpu_lift_fresh(const at::Tensor& self);
 void record_stream_functionalize(at::Tensor& self, c10::Stream stream);

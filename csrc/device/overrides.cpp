@@ -2,8 +2,9 @@
 // functionalization's _to_copy, new_* factories, record_stream and packed sequences, autograd's copy_
 // (ADInplaceOrView), meta kernels of in-place foreach ops and of add_/sub_/fill_/relu_
 // (C++ instead of PyTorch's Python ones), native_batch_norm, the empty
-// statistics of batch norm in eval mode, lift_fresh and fft_fftfreq; and meta kernels of the
-// fused LSTM and GRU cells and of the margin losses' backward ops.
+// statistics of batch norm in eval mode, lift_fresh and fft_fftfreq; meta kernels of the
+// fused LSTM and GRU cells and of the margin losses' backward ops; and the fused optimizer
+// steps' Functionalize and Meta kernels.
 #include <ATen/ExpandUtils.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/ops/_native_batch_norm_legit.h>
@@ -373,6 +374,110 @@ at::Tensor ctc_loss_backward_meta(const at::Tensor& grad, const at::Tensor& log_
                                   const at::Tensor& neg_log_likelihood, const at::Tensor& log_alpha, int64_t blank,
                                   bool zero_infinity) {
   return at::empty_like(log_probs);
+}
+
+// ---------------------------------------------------------------------------------------
+// The fused optimizer steps (torch._fused_adam_, _fused_adamw_, _fused_sgd_, _fused_adagrad_).
+
+namespace {
+
+bool has_functional_tensor(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().defined() && at::functionalization::impl::isFunctionalTensor(v.toTensor());
+  if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorList())
+      if (at::functionalization::impl::isFunctionalTensor(t)) return true;
+  return false;
+}
+
+// The argument as the layer below functionalization takes it: functional tensors synced and unwrapped.
+c10::IValue unwrapped(const c10::IValue& v) {
+  auto inner = [](const at::Tensor& t) {
+    if (!t.defined() || !at::functionalization::impl::isFunctionalTensor(t)) return t;
+    at::functionalization::impl::sync(t);
+    return at::functionalization::impl::from_functional_tensor(t);
+  };
+  if (v.isTensor()) return inner(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(inner(t));
+    return out;
+  }
+  return v;
+}
+
+bool is_written(const c10::Argument& argument) {
+  return argument.alias_info() != nullptr && argument.alias_info()->isWrite();
+}
+
+}  // namespace
+
+// PyTorch's generated Functionalize kernels of these ops count an empty tensor list as not
+// functional, so a step without amsgrad (max_exp_avg_sqs = []) or momentum (momentum_buffer_list
+// = []) fails with "mutating a non-functional tensor with a functional tensor". Here an empty
+// list is neutral; otherwise this does what the generated kernels do: the functional op
+// (_fused_adamw, ...) runs on the unwrapped tensors, and each written list takes its results.
+// Results equal to the inputs are not written back (the gradients without a grad_scale,
+// Adagrad's steps): a fused graph then neither outputs nor copies them.
+void fused_optimizer_step_functionalize(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  size_t n = schema.arguments().size();
+  std::vector<c10::IValue> args(stack->end() - n, stack->end());
+  bool functional = false;
+  for (const c10::IValue& v : args) functional = functional || has_functional_tensor(v);
+  if (!functional) {
+    at::AutoDispatchSkipFunctionalize skip;
+    op.callBoxed(stack);
+    return;
+  }
+  bool has_grad_scale = false;
+  torch::jit::Stack call;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::Argument& argument = schema.arguments()[i];
+    if (argument.name() == "grad_scale") has_grad_scale = !args[i].isNone();
+    if (is_written(argument))
+      for (const at::Tensor& t : args[i].toTensorList())
+        TORCH_CHECK(at::functionalization::impl::isFunctionalTensor(t),
+                    "mutating a non-functional tensor with a functional tensor is not allowed. Please ensure that "
+                    "all of your inputs are wrapped inside of a functionalize() call.");
+    call.push_back(unwrapped(args[i]));
+  }
+  std::string name = schema.operator_name().name;  // "aten::_fused_adamw_" -> "aten::_fused_adamw"
+  auto functional_op = c10::Dispatcher::singleton().findSchemaOrThrow(name.substr(0, name.size() - 1).c_str(),
+                                                                       schema.overload_name().c_str());
+  {
+    at::AutoDispatchSkipFunctionalize skip;
+    functional_op.callBoxed(&call);
+  }
+  size_t result = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::Argument& argument = schema.arguments()[i];
+    if (!is_written(argument)) continue;
+    c10::List<at::Tensor> outputs = call[result++].toTensorList();
+    bool unchanged = argument.name() == "state_steps" || (argument.name() == "grads" && !has_grad_scale);
+    if (unchanged) continue;
+    c10::List<at::Tensor> targets = args[i].toTensorList();
+    for (size_t k = 0; k < targets.size(); ++k) {
+      at::Tensor target = targets.get(k);
+      at::functionalization::impl::replace_(target, outputs.get(k));
+      at::functionalization::impl::commit_update(target);
+      at::functionalization::impl::sync(target);
+    }
+  }
+  torch::jit::drop(*stack, n);
+}
+
+// Meta kernel of the functional steps (_fused_adamw, _fused_sgd, ...): PyTorch's composite
+// runs the in-place op on meta clones, and some in-place ops have no Meta kernel (_fused_sgd_,
+// the tensor_lr overloads). Result list r is shaped like argument list r, which it replaces.
+void fused_optimizer_step_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t n = op.schema().arguments().size(), returns = op.schema().returns().size();
+  std::vector<c10::IValue> args(stack->end() - n, stack->end());
+  torch::jit::drop(*stack, n);
+  for (size_t r = 0; r < returns; ++r) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : args[r].toTensorList()) out.push_back(at::empty_like(t));
+    stack->push_back(std::move(out));
+  }
 }
 
 }  // namespace torchtpu

@@ -20,13 +20,15 @@
 namespace torchtpu {
 namespace {
 
-bool is_number_type(const c10::TypePtr& type) {
+bool is_type(const c10::TypePtr& type, c10::TypeKind kind) {
   c10::TypePtr t = type;
   if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
-  if (t->kind() == c10::TypeKind::NumberType) return true;
-  if (auto list = t->cast<c10::ListType>()) return list->getElementType()->kind() == c10::TypeKind::NumberType;
+  if (t->kind() == kind) return true;
+  if (auto list = t->cast<c10::ListType>()) return list->getElementType()->kind() == kind;
   return false;
 }
+
+bool is_number_type(const c10::TypePtr& type) { return is_type(type, c10::TypeKind::NumberType); }
 
 // ---------------------------------------------------------------------------------------
 // Output types from PyTorch's meta kernels, cached per node signature: some meta kernels
@@ -144,7 +146,9 @@ ParsedOp parse_args(const c10::FunctionSchema& schema, const std::vector<c10::IV
   };
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
-    bool lift = !rule->static_scalars && is_number_type(schema.arguments()[i].type());
+    const c10::TypePtr& type = schema.arguments()[i].type();
+    bool lift = !rule->static_scalars &&
+                (is_number_type(type) || (rule->lifts_floats && is_type(type, c10::TypeKind::FloatType)));
     // 0 and 1 (alpha=1, beta=0, ...) stay constants: they rarely change, and keeping them
     // out of the scalar vector saves a host-to-device transfer per launch in strict mode.
     if (lift && (v.isInt() || v.isDouble() || v.isBool())) {

@@ -46,6 +46,7 @@ RegisterLowering::RegisterLowering(RuleSource source, const char* op, LowerFn fn
   LoweringRule rule{OpKind::intern(op), fn, data, flags.static_scalars, flags.random};
   rule.function_name = source.function_name;
   rule.file = source.file;
+  rule.lifts_floats = flags.lifts_floats;
   rule.complex = flags.complex;
   rule.collective = flags.collective;
   rule.refuses = flags.refuses;

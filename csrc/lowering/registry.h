@@ -40,6 +40,9 @@ struct LoweringRule {
   const char* data = nullptr;   // family parameter, e.g. the StableHLO op of an elementwise rule
   bool static_scalars = false;  // Scalar arguments are compile-time constants (e.g. arange bounds)
   bool random = false;          // consumes the generator: a seed and an offset are appended as args
+  // `float` arguments (a C++ double in the schema, not a Scalar) are lifted like Scalars: the
+  // fused optimizers take their learning rate as one, and a scheduler changes it every step.
+  bool lifts_floats = false;
   // Takes complex operands or gives complex results. A rule without it never sees a complex
   // tensor: such calls run through the CPU fallback, which computes them (or raises CPU's error).
   bool complex = false;
@@ -76,6 +79,7 @@ struct LoweringRule {
 struct RuleFlags {
   bool static_scalars = false;
   bool random = false;
+  bool lifts_floats = false;
   bool complex = false;
   bool collective = false;
   DTypeSet refuses = 0;
