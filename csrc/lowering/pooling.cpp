@@ -252,7 +252,7 @@ MaxWindow max_pool_window(const Node& node, int first, int n, const V& x, const 
 void lower_max_pool(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
-  int n = std::atoi(rule_data(node));
+  int n = rule_param<int>(node);
   ctx.set_results(max_window(ctx, x, max_pool_window(node, 1, n, x, out), out, ctx.out(node, 1)));
 }
 
@@ -340,7 +340,7 @@ V scatter_by_index(LoweringContext& ctx, const V& grad, const V& indices, const 
 // max_pool{2,3}d_with_indices_backward(grad_output, self, kernel, stride, padding, dilation,
 // ceil_mode, indices); rule data: the number of pooled dims.
 void lower_max_pool_backward(LoweringContext& ctx, const Node& node) {
-  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 7), ctx.out(node), std::atoi(rule_data(node))));
+  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 7), ctx.out(node), rule_param<int>(node)));
 }
 
 // adaptive_max_pool2d_backward(grad_output, self, indices)
@@ -436,10 +436,10 @@ void lower_col2im(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.reshape(cropped, out.shape));
 }
 
-LOWERING("aten::max_pool2d_with_indices", lower_max_pool, "2", kNoBool);
-LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool_backward, "2", kFloatOnly);
-LOWERING("aten::max_pool3d_with_indices", lower_max_pool, "3", kNoBool);
-LOWERING("aten::max_pool3d_with_indices_backward", lower_max_pool_backward, "3", kFloatOnly);
+LOWERING("aten::max_pool2d_with_indices", lower_max_pool, 2, kNoBool);
+LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool_backward, 2, kFloatOnly);
+LOWERING("aten::max_pool3d_with_indices", lower_max_pool, 3, kNoBool);
+LOWERING("aten::max_pool3d_with_indices_backward", lower_max_pool_backward, 3, kFloatOnly);
 LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool2d, nullptr, kFloatOnly);
 LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool2d_backward, nullptr, kFloatOnly);
 LOWERING("aten::im2col", lower_im2col, nullptr, kFloatOnly);
