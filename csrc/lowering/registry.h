@@ -121,7 +121,7 @@ struct LoweringRule : RuleFlags {
   const char* param_text = "";
 };
 
-// Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, "exp", kTakesComplex);
+// Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, FloatFn::Exp, kTakesComplex);
 inline constexpr RuleFlags kTakesComplex{.complex = true};
 // Rules of ops PyTorch defines for some dtypes only (see LoweringRule::refuses).
 inline constexpr RuleFlags kNoBool{.refuses = kBoolDTypes};                                   // matmul, conv, abs
