@@ -239,6 +239,23 @@ def test_ops_without_a_rule_run_at_exact_sizes_and_a_storm_is_warned_once():
     assert "aten::cumsum on a padded tensor" in metrics.report()
 
 
+def test_a_complex_number_argument_reaches_the_padded_graph():
+    """masked_fill with 0j: a complex number argument (zero, so not lifted) is carried into the
+    graph rebuilt at the bucket's sizes, as the other numbers are."""
+    def f(x, mask):
+        return x.masked_fill(mask, 0j) * x + 1
+
+    g = torch.Generator().manual_seed(4)
+    lengths = (5, 9, 12, 17, 30)
+    for n in lengths:
+        x = torch.randn(n, dtype=torch.complex64, generator=g)
+        mask = torch.rand(n, generator=g) > 0.5
+        torch.testing.assert_close(f(x.to("tpu"), mask.to("tpu")).cpu(), f(x, mask), rtol=RTOL, atol=ATOL)
+    found = summary("in f")
+    # 5 at its sizes, then buckets 16 (9, 12) and 32 (17, 30).
+    assert found["padded_runs"] == len(lengths) - 1 and compiled() == 3
+
+
 def test_buckets_off_restores_exact_sizes(monkeypatch):
     monkeypatch.setenv("TORCHTPU_BUCKETS", "off")
 

@@ -240,7 +240,7 @@ class _Structure:
             return self.size(payload)
         if kind == "ints":
             return [self.size(e) for e in payload]
-        return payload  # float, bool, str, floats, bools
+        return payload  # float, complex, bool, str, floats, bools
 
     # --- running ------------------------------------------------------------------------
     def layout_spec(self, layout, sizes=None):

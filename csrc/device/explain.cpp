@@ -96,7 +96,7 @@ std::string functionalized_view(const std::string& op) {
 
 void report_lowered(const std::string& op, const LoweringRule* rule, const char* how) {
   std::string detail = std::string("rule ") + rule->function_name + ", " + project_path(rule->file);
-  if (rule->data && *rule->data) detail += ", data \"" + std::string(rule->data) + "\"";
+  if (*rule->param_text) detail += std::string(", param ") + rule->param_text;
   std::string view = functionalized_view(op);
   if (!view.empty()) detail += "; functionalization's copy of the view " + view;
   std::string route = how ? std::string("lowered: ") + how : std::string("lowered");

@@ -252,10 +252,10 @@ void append_generator_args(ParsedOp& p, const std::vector<c10::IValue>& args) {
   p.args.push_back(Arg::integer(0, true));
 }
 
-// Linear-algebra rules (rule data "linalg") compute in float32 / float64 only: PyTorch's CPU
-// and CUDA kernels raise for other dtypes, and the CPU kernel raises that error.
+// Linear-algebra rules (RuleFlags::float32_or_float64) compute in float32 / float64 only:
+// PyTorch's CPU and CUDA kernels raise for other dtypes, and the CPU kernel raises that error.
 bool linalg_dtype(const LoweringRule* rule, const at::Tensor& t) {
-  if (!rule->data || std::strcmp(rule->data, "linalg") != 0) return true;
+  if (!rule->float32_or_float64) return true;
   return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
 }
 
@@ -395,7 +395,7 @@ bool record_op(const c10::OperatorHandle& op, const LoweringRule* rule, torch::j
   const OutputSignature& sig = *cached;
   // clone/detach/alias of an unchanged type: values are immutable (in-place ops swap them),
   // so the result can share the input's value; no node, no launch.
-  if (rule->data && std::strcmp(rule->data, "identity") == 0 && sig.types.size() == 1 && !p.operands.empty() &&
+  if (rule->identity && sig.types.size() == 1 && !p.operands.empty() &&
       p.operands[0]->type == sig.types[0]) {
     torch::jit::drop(*stack, n);
     stack->push_back(wrap_for_user(make_tensor(p.operands[0])));

@@ -7,6 +7,8 @@
 namespace torchtpu {
 namespace {
 
+enum class Shrink : uint8_t { Soft, Hard };
+
 // The two halves of x along dim.
 std::pair<V, V> halves(LoweringContext& ctx, const V& x, int64_t dim) {
   std::vector<int64_t> start(x.type.rank(), 0), limit = x.type.shape, mid_start(x.type.rank(), 0), ones(x.type.rank(), 1);
@@ -22,7 +24,7 @@ void lower_glu(LoweringContext& ctx, const Node& node) {
   DType dt = compute_dtype(out.dtype);
   V x = ctx.convert(ctx.input(node, 0), dt);
   auto [a, b] = halves(ctx, x, wrap_dim(node.args[1].i, x.type.rank()));
-  ctx.set_result(ctx.convert(ctx.binary("stablehlo.multiply", a, ctx.unary("stablehlo.logistic", b)), out.dtype));
+  ctx.set_result(ctx.convert(ctx.binary(Hlo::Multiply, a, ctx.unary(Hlo::Logistic, b)), out.dtype));
 }
 
 // glu_backward(grad_output, self, dim): (g sigmoid(b), g a sigmoid(b) (1 - sigmoid(b))).
@@ -34,7 +36,7 @@ void lower_glu_backward(LoweringContext& ctx, const Node& node) {
   auto [a, b] = halves(ctx, x, dim);
   Ex e = make_ex(ctx, dt, a.type.shape);
   V g = ctx.convert(ctx.input(node, 0), dt);
-  V s = e.un("stablehlo.logistic", b);
+  V s = e.un(Hlo::Logistic, b);
   V grad_a = e.mul(g, s);
   V grad_b = e.mul(e.mul(e.mul(g, a), s), e.sub(e.k(1.0), s));
   ctx.set_result(ctx.convert(ctx.concatenate({grad_a, grad_b}, dim), out.dtype));
@@ -45,7 +47,7 @@ void lower_prelu(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V x = e.arg(node, 0), w = e.arg(node, 1);
-  ctx.set_result(ctx.convert(e.sel(e.cmp("GT", x, e.k(0.0)), x, e.mul(w, x)), out.dtype));
+  ctx.set_result(ctx.convert(e.sel(e.cmp(Cmp::GT, x, e.k(0.0)), x, e.mul(w, x)), out.dtype));
 }
 
 // _prelu_kernel_backward(grad_output, self, weight) -> (grad_self, grad_weight), both
@@ -54,7 +56,7 @@ void lower_prelu_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V g = e.arg(node, 0), x = e.arg(node, 1), w = e.arg(node, 2);
-  V positive = e.cmp("GT", x, e.k(0.0));
+  V positive = e.cmp(Cmp::GT, x, e.k(0.0));
   V grad_x = e.sel(positive, g, e.mul(w, g));
   V grad_w = e.sel(positive, e.k(0.0), e.mul(x, g));
   ctx.set_results({ctx.convert(grad_x, out.dtype), ctx.convert(grad_w, ctx.out(node, 1).dtype)});
@@ -67,11 +69,11 @@ void lower_shrink(LoweringContext& ctx, const Node& node) {
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V x = e.arg(node, 0), l = e.arg(node, 1);
   V r;
-  if (std::string(rule_data(node)) == "soft") {
-    r = e.sel(e.cmp("GT", x, l), e.sub(x, l),
-              e.sel(e.cmp("LT", x, e.un("stablehlo.negate", l)), e.add(x, l), e.mul(x, e.k(0.0))));
+  if (rule_param<Shrink>(node) == Shrink::Soft) {
+    r = e.sel(e.cmp(Cmp::GT, x, l), e.sub(x, l),
+              e.sel(e.cmp(Cmp::LT, x, e.un(Hlo::Negate, l)), e.add(x, l), e.mul(x, e.k(0.0))));
   } else {
-    V inside = e.band(e.cmp("GE", x, e.un("stablehlo.negate", l)), e.cmp("LE", x, l));
+    V inside = e.band(e.cmp(Cmp::GE, x, e.un(Hlo::Negate, l)), e.cmp(Cmp::LE, x, l));
     r = e.sel(inside, e.k(0.0), x);
   }
   ctx.set_result(ctx.convert(r, out.dtype));
@@ -82,7 +84,7 @@ void lower_shrink_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V g = e.arg(node, 0), x = e.arg(node, 1), l = e.arg(node, 2);
-  V inside = e.band(e.cmp("GE", x, e.un("stablehlo.negate", l)), e.cmp("LE", x, l));
+  V inside = e.band(e.cmp(Cmp::GE, x, e.un(Hlo::Negate, l)), e.cmp(Cmp::LE, x, l));
   ctx.set_result(ctx.convert(e.sel(inside, e.k(0.0), g), out.dtype));
 }
 
@@ -93,7 +95,7 @@ void lower_rrelu(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V x = e.arg(node, 0), lower = e.arg(node, 2), upper = e.arg(node, 3);
-  V negative = e.cmp("LT", x, e.k(0.0));
+  V negative = e.cmp(Cmp::LT, x, e.k(0.0));
   V noise = ctx.input(node, 1);
   if (node.args[4].as_bool()) {
     V u = ctx.convert(ctx.random_uniform(node, out.shape, e.dt == DType::Float64 ? DType::Float64 : DType::Float32), e.dt);
@@ -117,8 +119,8 @@ void lower_rrelu_backward(LoweringContext& ctx, const Node& node) {
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V g = e.arg(node, 0), x = e.arg(node, 1), lower = e.arg(node, 3), upper = e.arg(node, 4);
   V slope = e.div(e.add(lower, upper), e.k(2.0));
-  V r = e.sel(e.cmp("GT", x, e.k(0.0)), g, e.mul(g, slope));
-  if (node.args[5].as_bool()) r = e.sel(e.cmp("GT", e.sub(upper, lower), e.k(1e-6)), e.mul(g, e.arg(node, 2)), r);
+  V r = e.sel(e.cmp(Cmp::GT, x, e.k(0.0)), g, e.mul(g, slope));
+  if (node.args[5].as_bool()) r = e.sel(e.cmp(Cmp::GT, e.sub(upper, lower), e.k(1e-6)), e.mul(g, e.arg(node, 2)), r);
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 
@@ -126,8 +128,8 @@ LOWERING("aten::glu", lower_glu, nullptr, kFloatOnly);
 LOWERING("aten::glu_backward", lower_glu_backward, nullptr, kFloatOnly);
 LOWERING("aten::_prelu_kernel", lower_prelu);
 LOWERING("aten::_prelu_kernel_backward", lower_prelu_backward);
-LOWERING("aten::softshrink", lower_shrink, "soft");
-LOWERING("aten::hardshrink", lower_shrink, "hard", kFloatOnly);
+LOWERING("aten::softshrink", lower_shrink, Shrink::Soft);
+LOWERING("aten::hardshrink", lower_shrink, Shrink::Hard, kFloatOnly);
 LOWERING("aten::softshrink_backward", lower_shrink_backward);
 LOWERING("aten::hardshrink_backward", lower_shrink_backward);
 LOWERING("aten::rrelu_with_noise_functional", lower_rrelu, nullptr,

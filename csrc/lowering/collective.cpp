@@ -25,15 +25,15 @@ std::string replica_groups(int64_t n) {
   return "replica_groups = dense<[" + format_list(all) + "]> : tensor<1x" + std::to_string(n) + "xi64>";
 }
 
-const char* combiner(int64_t op, DType dtype) {
+Hlo combiner(int64_t op, DType dtype) {
   switch (op) {
-    case kSum: case kAvg: return dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add";
-    case kProduct: return dtype == DType::Bool ? "stablehlo.and" : "stablehlo.multiply";
-    case kMin: return "stablehlo.minimum";
-    case kMax: return "stablehlo.maximum";
-    case kBand: return "stablehlo.and";
-    case kBor: return "stablehlo.or";
-    case kBxor: return "stablehlo.xor";
+    case kSum: case kAvg: return dtype == DType::Bool ? Hlo::Or : Hlo::Add;
+    case kProduct: return dtype == DType::Bool ? Hlo::And : Hlo::Multiply;
+    case kMin: return Hlo::Minimum;
+    case kMax: return Hlo::Maximum;
+    case kBand: return Hlo::And;
+    case kBor: return Hlo::Or;
+    case kBxor: return Hlo::Xor;
   }
   throw std::invalid_argument("torchtpu: reduce op " + std::to_string(op) + " is not supported on tpu");
 }
@@ -61,8 +61,8 @@ V hidden_zero(LoweringContext& ctx, const V& previous) {
   V first = ctx.reshape(ctx.slice(ctx.reshape(previous, {previous.type.numel()}), {0}, {1}, {1}), {});
   V t = ctx.convert(first, DType::Float32);
   V zero = ctx.constant(0.0, DType::Float32);
-  V product = ctx.unary("stablehlo.abs", ctx.binary("stablehlo.multiply", t, zero));
-  V finite = ctx.emit("stablehlo.is_finite", {t}, TensorType{{}, DType::Bool});
+  V product = ctx.unary(Hlo::Abs, ctx.binary(Hlo::Multiply, t, zero));
+  V finite = ctx.emit(Hlo::IsFinite, {t}, TensorType{{}, DType::Bool});
   return ctx.select(finite, product, zero);
 }
 
@@ -72,13 +72,13 @@ V ordered_operand(LoweringContext& ctx, const V& x) {
   if (!previous.name.empty() && x.type.numel() > 0) {
     DType arithmetic = x.type.dtype == DType::Bool ? DType::UInt8 : x.type.dtype;
     V zero = ctx.broadcast_to(ctx.convert(hidden_zero(ctx, previous), arithmetic), x.type.shape);
-    operand = ctx.convert(ctx.binary("stablehlo.subtract", ctx.convert(x, arithmetic), zero), x.type.dtype);
+    operand = ctx.convert(ctx.binary(Hlo::Subtract, ctx.convert(x, arithmetic), zero), x.type.dtype);
   }
-  return ctx.emit("stablehlo.optimization_barrier", {operand}, operand.type);
+  return ctx.emit(Hlo::OptimizationBarrier, {operand}, operand.type);
 }
 
 // Emits a collective and records it as the module's latest (one with elements).
-V emit_collective(LoweringContext& ctx, const std::string& op, const V& operand, const TensorType& result,
+V emit_collective(LoweringContext& ctx, Hlo op, const V& operand, const TensorType& result,
                   const std::string& attrs, const std::string& regions = "") {
   V out = ctx.emit(op, {ordered_operand(ctx, operand)}, result, attrs, regions);
   if (result.numel() > 0) ctx.set_last_collective(out);
@@ -88,7 +88,7 @@ V emit_collective(LoweringContext& ctx, const std::string& op, const V& operand,
 // AVG is a sum divided by the replica count (integers truncate, as NCCL's average does).
 V finish_average(LoweringContext& ctx, int64_t op, const V& sum, int64_t n) {
   if (op != kAvg) return sum;
-  return ctx.binary("stablehlo.divide", sum, ctx.constant_int(n, sum.type.dtype, sum.type.shape));
+  return ctx.binary(Hlo::Divide, sum, ctx.constant_int(n, sum.type.dtype, sum.type.shape));
 }
 
 // ---- the cross-rank check -----------------------------------------------------------------
@@ -100,7 +100,7 @@ V finish_average(LoweringContext& ctx, int64_t op, const V& sum, int64_t n) {
 
 V descriptor_constant(LoweringContext& ctx, const std::vector<int64_t>& d) {
   TensorType type{{1, kCollectiveDescriptorLength}, DType::Int64};
-  return ctx.emit("stablehlo.constant", {}, type, "value = dense<[" + format_list(d) + "]> : " + type.mlir());
+  return ctx.emit(Hlo::Constant, {}, type, "value = dense<[" + format_list(d) + "]> : " + type.mlir());
 }
 
 // Emits main() guarded by the check when the node asks for it; sets the node's results.
@@ -112,17 +112,17 @@ void lower_checked(LoweringContext& ctx, const Node& node, const std::vector<int
   }
   int64_t n = replica_count(node);
   V mine = descriptor_constant(ctx, descriptor);
-  V gathered = emit_collective(ctx, "stablehlo.all_gather", mine, TensorType{{n, kCollectiveDescriptorLength}, DType::Int64},
+  V gathered = emit_collective(ctx, Hlo::AllGather, mine, TensorType{{n, kCollectiveDescriptorLength}, DType::Int64},
                                "all_gather_dim = 0 : i64, " + replica_groups(n));
-  V same = ctx.compare("EQ", gathered, ctx.broadcast_to(mine, gathered.type.shape));
-  V all_same = ctx.reduce(same, {0, 1}, ctx.constant(1, DType::Bool), "stablehlo.and");
+  V same = ctx.compare(Cmp::EQ, gathered, ctx.broadcast_to(mine, gathered.type.shape));
+  V all_same = ctx.reduce(same, {0, 1}, ctx.constant(1, DType::Bool), Hlo::And);
   const TensorType& out = ctx.out(node);
   std::string run = ctx.region({}, [&](const std::vector<V>&) { return std::vector<V>{main()}; });
   std::string skip = ctx.region({}, [&](const std::vector<V>&) {
     return std::vector<V>{is_floating(out.dtype) ? ctx.constant(0.0, out.dtype, out.shape)
                                                  : ctx.constant_int(0, out.dtype, out.shape)};
   });
-  V result = ctx.emit("stablehlo.if", {all_same}, out, "", run + ", " + skip);
+  V result = ctx.emit(Hlo::If, {all_same}, out, "", run + ", " + skip);
   if (out.numel() > 0) ctx.set_last_collective(result);  // the collective inside is not visible out here
   ctx.set_results({result, gathered});
 }
@@ -132,7 +132,7 @@ void lower_all_reduce(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   int64_t op = node.args[1].i, n = replica_count(node);
   lower_checked(ctx, node, collective_descriptor(CollectiveKind::AllReduce, op, x.type), [&] {
-    V sum = emit_collective(ctx, "stablehlo.all_reduce", x, x.type, replica_groups(n),
+    V sum = emit_collective(ctx, Hlo::AllReduce, x, x.type, replica_groups(n),
                             combine_region(ctx, op, x.type.dtype));
     return finish_average(ctx, op, sum, n);
   });
@@ -142,7 +142,7 @@ void lower_all_reduce(LoweringContext& ctx, const Node& node) {
 void lower_all_gather(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   lower_checked(ctx, node, collective_descriptor(CollectiveKind::AllGather, 0, x.type), [&] {
-    return emit_collective(ctx, "stablehlo.all_gather", x, ctx.out(node),
+    return emit_collective(ctx, Hlo::AllGather, x, ctx.out(node),
                            "all_gather_dim = 0 : i64, " + replica_groups(replica_count(node)));
   });
 }
@@ -153,7 +153,7 @@ void lower_reduce_scatter(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   int64_t op = node.args[1].i, n = replica_count(node);
   lower_checked(ctx, node, collective_descriptor(CollectiveKind::ReduceScatter, op, x.type), [&] {
-    V sum = emit_collective(ctx, "stablehlo.reduce_scatter", x, ctx.out(node),
+    V sum = emit_collective(ctx, Hlo::ReduceScatter, x, ctx.out(node),
                             "scatter_dimension = 0 : i64, " + replica_groups(n), combine_region(ctx, op, x.type.dtype));
     return finish_average(ctx, op, sum, n);
   });
@@ -165,7 +165,7 @@ void lower_all_to_all(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   int64_t n = replica_count(node);
   lower_checked(ctx, node, collective_descriptor(CollectiveKind::AllToAll, 0, x.type), [&] {
-    return emit_collective(ctx, "stablehlo.all_to_all", x, x.type,
+    return emit_collective(ctx, Hlo::AllToAll, x, x.type,
                            "split_dimension = 0 : i64, concat_dimension = 0 : i64, split_count = " +
                                std::to_string(n) + " : i64, " + replica_groups(n));
   });
@@ -180,7 +180,7 @@ void lower_collective_permute(LoweringContext& ctx, const Node& node) {
   for (size_t i = 0; i + 1 < pairs.size(); i += 2)
     list += std::string(i ? ", " : "") + "[" + std::to_string(pairs[i]) + ", " + std::to_string(pairs[i + 1]) + "]";
   lower_checked(ctx, node, collective_descriptor(CollectiveKind::Permute, 0, x.type), [&] {
-    return emit_collective(ctx, "stablehlo.collective_permute", x, x.type,
+    return emit_collective(ctx, Hlo::CollectivePermute, x, x.type,
                            "source_target_pairs = dense<[" + list + "]> : tensor<" +
                                std::to_string(pairs.size() / 2) + "x2xi64>");
   });
@@ -197,7 +197,7 @@ void lower_broadcast(LoweringContext& ctx, const Node& node) {
     V contribution = x;
     if (!is_source) contribution = is_floating(dtype) ? ctx.constant(-0.0, dtype, x.type.shape)
                                                       : ctx.constant_int(0, dtype, x.type.shape);
-    return emit_collective(ctx, "stablehlo.all_reduce", contribution, x.type, replica_groups(replica_count(node)),
+    return emit_collective(ctx, Hlo::AllReduce, contribution, x.type, replica_groups(replica_count(node)),
                            combine_region(ctx, kSum, dtype));
   });
 }

@@ -117,7 +117,7 @@ V highest_scalar(LoweringContext& ctx, DType dtype) {
 }
 
 V sum_dims(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims) {
-  return ctx.reduce(x, dims, zero_like_scalar(ctx, x.type.dtype), "stablehlo.add");
+  return ctx.reduce(x, dims, zero_like_scalar(ctx, x.type.dtype), Hlo::Add);
 }
 
 DType compute_dtype(DType dtype) {
@@ -136,7 +136,7 @@ V cumsum_along(LoweringContext& ctx, const V& x, int64_t dim) {
   int64_t rank = x.type.rank(), n = x.type.shape[dim];
   if (n <= 1) return x;
   TensorType scalar{{}, x.type.dtype};
-  const char* add = x.type.dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add";
+  Hlo add = x.type.dtype == DType::Bool ? Hlo::Or : Hlo::Add;
   std::string body = ctx.region({scalar, scalar}, [&](const std::vector<V>& a) {
     return std::vector<V>{ctx.binary(add, a[0], a[1])};
   });
@@ -146,7 +146,7 @@ V cumsum_along(LoweringContext& ctx, const V& x, int64_t dim) {
   for (int64_t i = 0; i < rank; ++i)
     padding += std::string(i ? ", " : "") + "[" + (i == dim ? std::to_string(n - 1) : "0") + ", 0]";
   padding += "]> : tensor<" + std::to_string(rank) + "x2xi64>";
-  return ctx.emit("stablehlo.reduce_window", {x, ctx.constant(0, x.type.dtype)}, x.type,
+  return ctx.emit(Hlo::ReduceWindow, {x, ctx.constant(0, x.type.dtype)}, x.type,
                   "window_dimensions = " + format_dims(window) + ", " + padding, body);
 }
 
@@ -165,17 +165,17 @@ std::vector<V> sort_stable(LoweringContext& ctx, const std::vector<V>& keys, con
     V less;
     for (int64_t k = static_cast<int64_t>(keys.size()) - 1; k >= 0; --k) {
       V lhs = a[2 * k], rhs = a[2 * k + 1];
-      V lt = ctx.compare("LT", lhs, rhs), eq = ctx.compare("EQ", lhs, rhs);
+      V lt = ctx.compare(Cmp::LT, lhs, rhs), eq = ctx.compare(Cmp::EQ, lhs, rhs);
       if (is_floating(lhs.type.dtype)) {
-        V lhs_nan = ctx.compare("NE", lhs, lhs), rhs_nan = ctx.compare("NE", rhs, rhs);
-        lt = ctx.binary("stablehlo.or", lt, ctx.binary("stablehlo.and", rhs_nan, ctx.unary("stablehlo.not", lhs_nan)));
-        eq = ctx.binary("stablehlo.or", eq, ctx.binary("stablehlo.and", lhs_nan, rhs_nan));
+        V lhs_nan = ctx.compare(Cmp::NE, lhs, lhs), rhs_nan = ctx.compare(Cmp::NE, rhs, rhs);
+        lt = ctx.binary(Hlo::Or, lt, ctx.binary(Hlo::And, rhs_nan, ctx.unary(Hlo::Not, lhs_nan)));
+        eq = ctx.binary(Hlo::Or, eq, ctx.binary(Hlo::And, lhs_nan, rhs_nan));
       }
-      less = less.name.empty() ? lt : ctx.binary("stablehlo.or", lt, ctx.binary("stablehlo.and", eq, less));
+      less = less.name.empty() ? lt : ctx.binary(Hlo::Or, lt, ctx.binary(Hlo::And, eq, less));
     }
     return std::vector<V>{less};
   });
-  std::vector<V> sorted = ctx.emit_multi("stablehlo.sort", operands, result_types,
+  std::vector<V> sorted = ctx.emit_multi(Hlo::Sort, operands, result_types,
                                          "dimension = " + std::to_string(dim) + " : i64, is_stable = true", body);
   for (size_t k = 0; k < keys.size(); ++k)
     if (keys[k].type.dtype == DType::Bool) sorted[k] = ctx.convert(sorted[k], DType::Bool);
@@ -185,7 +185,7 @@ std::vector<V> sort_stable(LoweringContext& ctx, const std::vector<V>& keys, con
 V any_true(LoweringContext& ctx, const V& x) {
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < x.type.rank(); ++d) dims.push_back(d);
-  return ctx.reduce(x, dims, ctx.constant_int(0, DType::Bool), "stablehlo.or");
+  return ctx.reduce(x, dims, ctx.constant_int(0, DType::Bool), Hlo::Or);
 }
 
 }  // namespace torchtpu
@@ -207,8 +207,8 @@ V affine_index(LoweringContext& ctx, const std::vector<int64_t>& shape, const st
   for (size_t d = 0; d < shape.size(); ++d) {
     if (coefs[d] == 0 || shape[d] <= 1) continue;
     V term = ctx.iota(TensorType{shape, dtype}, static_cast<int64_t>(d));
-    if (coefs[d] != 1) term = ctx.binary("stablehlo.multiply", term, ctx.constant_int(coefs[d], dtype, shape));
-    total = ctx.binary("stablehlo.add", total, term);
+    if (coefs[d] != 1) term = ctx.binary(Hlo::Multiply, term, ctx.constant_int(coefs[d], dtype, shape));
+    total = ctx.binary(Hlo::Add, total, term);
   }
   return total;
 }
@@ -220,7 +220,7 @@ V gather_linear(LoweringContext& ctx, const V& x, const V& idx) {
   std::string attrs = "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
                       "index_vector_dim = " + std::to_string(idx.type.rank()) +
                       ">, indices_are_sorted = false, slice_sizes = array<i64: 1>";
-  return ctx.emit("stablehlo.gather", {flat, idx}, out, attrs);
+  return ctx.emit(Hlo::Gather, {flat, idx}, out, attrs);
 }
 
 V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, const char* combine) {
@@ -234,8 +234,12 @@ V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& update
   std::string attrs = "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<"
                       "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = " +
                       std::to_string(idx.type.rank()) + ">, unique_indices = false";
-  V out = ctx.emit("stablehlo.scatter", {flat, idx, ctx.convert(updates, x.type.dtype)}, flat.type, attrs, body);
+  V out = ctx.emit(Hlo::Scatter, {flat, idx, ctx.convert(updates, x.type.dtype)}, flat.type, attrs, body);
   return ctx.reshape(out, x.type.shape);
+}
+
+V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, std::optional<Hlo> combine) {
+  return scatter_linear(ctx, x, idx, updates, combine ? hlo_name(*combine) : nullptr);
 }
 
 }  // namespace torchtpu
@@ -258,13 +262,13 @@ V checked_index(LoweringContext& ctx, const V& index, int64_t size, DType dtype,
   const auto& shape = i.type.shape;
   bool negative_ok = !check || check->negative_ok;
   if (check) {
-    V below = ctx.compare("LT", i, ctx.constant_int(negative_ok ? -size : 0, DType::Int64, shape));
-    V above = ctx.compare("GE", i, ctx.constant_int(size, DType::Int64, shape));
-    ctx.check(ctx.emit("stablehlo.or", {below, above}, below.type), i, RuntimeCheck{check->error, check->message});
+    V below = ctx.compare(Cmp::LT, i, ctx.constant_int(negative_ok ? -size : 0, DType::Int64, shape));
+    V above = ctx.compare(Cmp::GE, i, ctx.constant_int(size, DType::Int64, shape));
+    ctx.check(ctx.emit(Hlo::Or, {below, above}, below.type), i, RuntimeCheck{check->error, check->message});
   }
   if (negative_ok) {
-    V wrapped = ctx.binary("stablehlo.add", i, ctx.constant_int(size, DType::Int64, shape));
-    i = ctx.select(ctx.compare("LT", i, ctx.constant_int(0, DType::Int64, shape)), wrapped, i);
+    V wrapped = ctx.binary(Hlo::Add, i, ctx.constant_int(size, DType::Int64, shape));
+    i = ctx.select(ctx.compare(Cmp::LT, i, ctx.constant_int(0, DType::Int64, shape)), wrapped, i);
   }
   return ctx.convert(i, dtype);
 }
@@ -276,7 +280,7 @@ namespace torchtpu {
 void check_integer_divisor(LoweringContext& ctx, const Node& node, int arg, const V& b) {
   const Arg& a = node.args.at(arg);
   if (a.kind != Arg::Kind::Tensor && !a.lifted && a.as_double() == 0.0) throw std::runtime_error("ZeroDivisionError");
-  ctx.check(ctx.compare("EQ", b, ctx.constant_int(0, b.type.dtype, b.type.shape)), V{},
+  ctx.check(ctx.compare(Cmp::EQ, b, ctx.constant_int(0, b.type.dtype, b.type.shape)), V{},
             RuntimeCheck{RuntimeCheck::Error::Runtime, "ZeroDivisionError"});
 }
 

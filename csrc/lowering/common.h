@@ -29,6 +29,10 @@ V highest_scalar(LoweringContext& ctx, DType dtype);  // +inf or the largest int
 // Sum over dims (in the accumulation dtype of the input) with optional keepdim reshape to out.
 V sum_dims(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims);
 
+// Which extremum a max/min rule computes (fmax/fmin, max/min and their reductions, argmax,
+// cummax): the parameter of those families.
+enum class Extremum : uint8_t { Max, Min };
+
 // The dtype float math runs in: f32 for bf16/f16 (PyTorch's CPU kernels compute half types
 // in float and round once), else the dtype itself.
 DType compute_dtype(DType dtype);
@@ -42,19 +46,21 @@ struct Ex {
   std::optional<DType> operands = std::nullopt;
 
   V k(double v) const { return c.constant(v, dt, shape); }
-  V add(const V& a, const V& b) const { return c.binary("stablehlo.add", a, b); }
-  V sub(const V& a, const V& b) const { return c.binary("stablehlo.subtract", a, b); }
-  V mul(const V& a, const V& b) const { return c.binary("stablehlo.multiply", a, b); }
-  V div(const V& a, const V& b) const { return c.binary("stablehlo.divide", a, b); }
-  V max(const V& a, const V& b) const { return c.binary("stablehlo.maximum", a, b); }
-  V min(const V& a, const V& b) const { return c.binary("stablehlo.minimum", a, b); }
+  V add(const V& a, const V& b) const { return c.binary(Hlo::Add, a, b); }
+  V sub(const V& a, const V& b) const { return c.binary(Hlo::Subtract, a, b); }
+  V mul(const V& a, const V& b) const { return c.binary(Hlo::Multiply, a, b); }
+  V div(const V& a, const V& b) const { return c.binary(Hlo::Divide, a, b); }
+  V max(const V& a, const V& b) const { return c.binary(Hlo::Maximum, a, b); }
+  V min(const V& a, const V& b) const { return c.binary(Hlo::Minimum, a, b); }
+  V un(Hlo op, const V& a) const { return c.unary(op, a); }
   V un(const char* op, const V& a) const { return c.unary(op, a); }
   V sel(const V& p, const V& a, const V& b) const { return c.select(p, a, b); }
+  V cmp(Cmp dir, const V& a, const V& b) const { return c.compare(dir, a, b); }
   V cmp(const char* dir, const V& a, const V& b) const { return c.compare(dir, a, b); }
-  V isnan(const V& a) const { return c.compare("NE", a, a); }
-  V band(const V& a, const V& b) const { return c.emit("stablehlo.and", {a, b}, a.type); }
-  V bor(const V& a, const V& b) const { return c.emit("stablehlo.or", {a, b}, a.type); }
-  V bnot(const V& a) const { return c.unary("stablehlo.not", a); }
+  V isnan(const V& a) const { return c.compare(Cmp::NE, a, a); }
+  V band(const V& a, const V& b) const { return c.emit(Hlo::And, {a, b}, a.type); }
+  V bor(const V& a, const V& b) const { return c.emit(Hlo::Or, {a, b}, a.type); }
+  V bnot(const V& a) const { return c.unary(Hlo::Not, a); }
   // A Tensor or Scalar argument converted to dt (through `operands` when set) and broadcast to shape.
   V arg(const Node& node, int i) const {
     if (!operands || *operands == dt) return tensor_or_scalar(c, node, i, dt, shape);
@@ -92,8 +98,10 @@ V affine_index(LoweringContext& ctx, const std::vector<int64_t>& shape, const st
                int64_t offset, DType dtype);
 // Elements of x (read row-major) at linear positions idx; the result has idx's shape.
 V gather_linear(LoweringContext& ctx, const V& x, const V& idx);
-// x with `updates` (idx's shape) combined at linear positions idx: combine is nullptr to
-// overwrite or a StableHLO binary op ("stablehlo.add", "stablehlo.maximum", ...).
+// x with `updates` (idx's shape) combined at linear positions idx: combine is none to
+// overwrite or a StableHLO binary op (Hlo::Add, Hlo::Maximum, ...).
+V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, std::optional<Hlo> combine);
+// The same with the op named by text (nullptr: overwrite), for lowerings not yet converted to Hlo.
 V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, const char* combine);
 }  // namespace torchtpu
 

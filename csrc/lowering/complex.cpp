@@ -13,7 +13,7 @@ void lower_conj(LoweringContext& ctx, const Node& node) { ctx.set_result(ctx.con
 
 // _neg_view_copy(self): the negation a neg-bit view stands for.
 void lower_neg_view(LoweringContext& ctx, const Node& node) {
-  ctx.set_result(ctx.unary("stablehlo.negate", ctx.input(node, 0)));
+  ctx.set_result(ctx.unary(Hlo::Negate, ctx.input(node, 0)));
 }
 
 // view_as_real_copy(self): complex [..] -> real [.., 2] holding (real, imag).
@@ -40,16 +40,18 @@ void lower_view_as_complex(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.make_complex(re, im));
 }
 
+enum class MakeComplex : uint8_t { FromParts, Polar };
+
 // complex(real, imag) and polar(abs, angle): the parts broadcast to the output's shape.
 void lower_make_complex(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   DType part = real_part_type(out.dtype);
   V a = to_type(ctx, ctx.input(node, 0), part, out.shape);
   V b = to_type(ctx, ctx.input(node, 1), part, out.shape);
-  if (std::string(rule_data(node)) == "polar") {
+  if (rule_param<MakeComplex>(node) == MakeComplex::Polar) {
     V magnitude = a;
-    a = ctx.binary("stablehlo.multiply", magnitude, ctx.unary("stablehlo.cosine", b));
-    b = ctx.binary("stablehlo.multiply", magnitude, ctx.unary("stablehlo.sine", b));
+    a = ctx.binary(Hlo::Multiply, magnitude, ctx.unary(Hlo::Cosine, b));
+    b = ctx.binary(Hlo::Multiply, magnitude, ctx.unary(Hlo::Sine, b));
   }
   ctx.set_result(ctx.make_complex(a, b));
 }
@@ -60,15 +62,15 @@ void lower_angle(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
   if (is_complex(x.type.dtype)) {
-    V r = ctx.binary("stablehlo.atan2", ctx.imag_part(x), ctx.real_part(x));
+    V r = ctx.binary(Hlo::Atan2, ctx.imag_part(x), ctx.real_part(x));
     ctx.set_result(ctx.convert(r, out.dtype));
     return;
   }
   DType compute = out.dtype == DType::Float64 ? DType::Float64 : DType::Float32;
   V v = ctx.convert(x, compute);
   V zero = ctx.constant(0, compute, out.shape);
-  V r = ctx.select(ctx.compare("LT", v, zero), ctx.constant(M_PI, compute, out.shape), zero);
-  r = ctx.select(ctx.compare("NE", v, v), v, r);
+  V r = ctx.select(ctx.compare(Cmp::LT, v, zero), ctx.constant(M_PI, compute, out.shape), zero);
+  r = ctx.select(ctx.compare(Cmp::NE, v, v), v, r);
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 
@@ -77,8 +79,8 @@ LOWERING("aten::_conj_copy", lower_conj, nullptr, kTakesComplex);
 LOWERING("aten::_neg_view_copy", lower_neg_view, nullptr, kTakesComplex);
 LOWERING("aten::view_as_real_copy", lower_view_as_real, nullptr, kTakesComplex);
 LOWERING("aten::view_as_complex_copy", lower_view_as_complex, nullptr, kTakesComplex);
-LOWERING("aten::complex", lower_make_complex, "complex", kTakesComplex);
-LOWERING("aten::polar", lower_make_complex, "polar", kTakesComplex);
+LOWERING("aten::complex", lower_make_complex, MakeComplex::FromParts, kTakesComplex);
+LOWERING("aten::polar", lower_make_complex, MakeComplex::Polar, kTakesComplex);
 LOWERING("aten::angle", lower_angle, nullptr, kTakesComplex);
 
 }  // namespace

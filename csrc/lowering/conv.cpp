@@ -30,7 +30,7 @@ V conv(LoweringContext& ctx, const V& lhs, const V& rhs, const std::string& lhs_
                       ", rhs_dilation = " + format_dims(rhs_dil) + ", feature_group_count = " +
                       std::to_string(feature_groups) + " : i64, batch_group_count = " + std::to_string(batch_groups) +
                       " : i64";
-  return ctx.emit("stablehlo.convolution", {lhs, rhs}, result, attrs);
+  return ctx.emit(Hlo::Convolution, {lhs, rhs}, result, attrs);
 }
 
 struct ConvParams {
@@ -81,7 +81,7 @@ V conv_transpose(LoweringContext& ctx, const V& x, const V& w, const ConvParams&
   kernel = ctx.reshape(kernel, flat);
   std::vector<int64_t> spatial_dims;
   for (int64_t i = 0; i < k; ++i) spatial_dims.push_back(2 + i);
-  kernel = ctx.emit("stablehlo.reverse", {kernel}, kernel.type, "dimensions = " + format_dims(spatial_dims));
+  kernel = ctx.emit(Hlo::Reverse, {kernel}, kernel.type, "dimensions = " + format_dims(spatial_dims));
   return conv(ctx, x, kernel, "b, f", "o, i", "b, f", ones(k), pads, p.stride, p.dilation, g, 1, result);
 }
 
@@ -131,7 +131,7 @@ void lower_convolution(LoweringContext& ctx, const Node& node) {
     y = conv_transpose(ctx, x, w, p, pads, out);
   }
   if (ctx.has_input(node, 2))
-    y = ctx.binary("stablehlo.add", y,
+    y = ctx.binary(Hlo::Add, y,
                    ctx.broadcast_in_dim(ctx.convert(ctx.input(node, 2), out.dtype), out.shape, {1}));
   ctx.set_result(y);
 }

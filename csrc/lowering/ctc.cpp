@@ -15,7 +15,7 @@ V int_vector(LoweringContext& ctx, const std::vector<int64_t>& values) {
   TensorType type{{static_cast<int64_t>(values.size())}, DType::Int64};
   std::string literal;
   for (size_t i = 0; i < values.size(); ++i) literal += (i ? ", " : "") + std::to_string(values[i]);
-  return ctx.emit("stablehlo.constant", {}, type, "value = dense<[" + literal + "]> : " + type.mlir());
+  return ctx.emit(Hlo::Constant, {}, type, "value = dense<[" + literal + "]> : " + type.mlir());
 }
 
 // CPU's argument checks (ctc_loss_cpu_template), in its words.
@@ -84,9 +84,9 @@ CtcSetup ctc_setup(LoweringContext& ctx, const Node& node, const V& log_probs, c
   TensorType it{row, DType::Int64};
   auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, row); };
   V s = ctx.iota(it, 1);
-  V label_at = ctx.binary("stablehlo.divide", ctx.binary("stablehlo.subtract", s, i64(1)), i64(2));
-  label_at = ctx.binary("stablehlo.maximum", label_at, i64(0));
-  V is_label = ctx.compare("EQ", ctx.binary("stablehlo.remainder", s, i64(2)), i64(1));
+  V label_at = ctx.binary(Hlo::Divide, ctx.binary(Hlo::Subtract, s, i64(1)), i64(2));
+  label_at = ctx.binary(Hlo::Maximum, label_at, i64(0));
+  V is_label = ctx.compare(Cmp::EQ, ctx.binary(Hlo::Remainder, s, i64(2)), i64(1));
   V targets = ctx.convert(targets_in, DType::Int64);
   V prime = i64(blank);
   if (targets.type.numel() > 0) {
@@ -98,19 +98,19 @@ CtcSetup ctc_setup(LoweringContext& ctx, const Node& node, const V& log_probs, c
       offsets.push_back(targets.type.rank() == 2 ? b * targets.type.shape[1] : pos);
       pos += c.target_lengths[b];
     }
-    V where = ctx.binary("stablehlo.add", ctx.broadcast_in_dim(int_vector(ctx, offsets), row, {0}), label_at);
-    where = ctx.binary("stablehlo.minimum", where, i64(targets.type.numel() - 1));
+    V where = ctx.binary(Hlo::Add, ctx.broadcast_in_dim(int_vector(ctx, offsets), row, {0}), label_at);
+    where = ctx.binary(Hlo::Minimum, where, i64(targets.type.numel() - 1));
     prime = ctx.select(is_label, gather_linear(ctx, targets, where), prime);
   }
   c.prime = prime;
   c.extended = ctx.binary(
-      "stablehlo.add",
-      ctx.binary("stablehlo.multiply", ctx.broadcast_in_dim(int_vector(ctx, c.target_lengths), row, {0}), i64(2)),
+      Hlo::Add,
+      ctx.binary(Hlo::Multiply, ctx.broadcast_in_dim(int_vector(ctx, c.target_lengths), row, {0}), i64(2)),
       i64(1));
-  c.in_target = ctx.compare("LT", s, c.extended);
+  c.in_target = ctx.compare(Cmp::LT, s, c.extended);
   std::vector<int64_t> cube = {c.steps, c.batch, c.positions};
-  V clamped = ctx.binary("stablehlo.minimum", ctx.binary("stablehlo.maximum", prime, i64(0)), i64(c.labels - 1));
-  V linear = ctx.binary("stablehlo.add", affine_index(ctx, cube, {c.batch * c.labels, c.labels, 0}, 0, DType::Int64),
+  V clamped = ctx.binary(Hlo::Minimum, ctx.binary(Hlo::Maximum, prime, i64(0)), i64(c.labels - 1));
+  V linear = ctx.binary(Hlo::Add, affine_index(ctx, cube, {c.batch * c.labels, c.labels, 0}, 0, DType::Int64),
                         ctx.broadcast_in_dim(clamped, cube, {1, 2}));
   c.at_prime = gather_linear(ctx, log_probs, linear);
   c.neg_inf = ctx.constant(-std::numeric_limits<double>::infinity(), c.dt, row);
@@ -129,12 +129,12 @@ V shift_positions(LoweringContext& ctx, const CtcSetup& c, const V& x, int64_t b
 // CPU's three-term step: log(exp(a1 - m) + exp(a2 - m) + exp(a3 - m)) + m + lp, m the largest
 // term as CPU picks it (a1, then a2 or a3 where strictly larger), 0 where it is -inf.
 V log_add3(const Ex& e, const V& a1, const V& a2, const V& a3, const V& lp) {
-  V m = e.sel(e.cmp("GT", a2, a1), a2, a1);
-  m = e.sel(e.cmp("GT", a3, m), a3, m);
-  m = e.sel(e.cmp("EQ", m, e.k(-std::numeric_limits<double>::infinity())), e.k(0.0), m);
-  auto term = [&](const V& a) { return e.un("stablehlo.exponential", e.sub(a, m)); };
+  V m = e.sel(e.cmp(Cmp::GT, a2, a1), a2, a1);
+  m = e.sel(e.cmp(Cmp::GT, a3, m), a3, m);
+  m = e.sel(e.cmp(Cmp::EQ, m, e.k(-std::numeric_limits<double>::infinity())), e.k(0.0), m);
+  auto term = [&](const V& a) { return e.un(Hlo::Exponential, e.sub(a, m)); };
   V sum = e.add(e.add(term(a1), term(a2)), term(a3));
-  return e.add(e.add(e.un("stablehlo.log", sum), m), lp);
+  return e.add(e.add(e.un(Hlo::Log, sum), m), lp);
 }
 
 // row t of a [T, ...] value (t: 0-d int64).
@@ -143,7 +143,7 @@ V row_at(LoweringContext& ctx, const V& stacked, const V& t) {
   sizes[0] = 1;
   std::vector<V> operands = {stacked, t};
   for (size_t d = 1; d < sizes.size(); ++d) operands.push_back(ctx.constant_int(0, DType::Int64));
-  V r = ctx.emit("stablehlo.dynamic_slice", operands, TensorType{sizes, stacked.type.dtype},
+  V r = ctx.emit(Hlo::DynamicSlice, operands, TensorType{sizes, stacked.type.dtype},
                  "slice_sizes = " + format_dims(sizes));
   return ctx.reshape(r, std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
 }
@@ -153,7 +153,7 @@ V with_row(LoweringContext& ctx, const V& stacked, const V& row, const V& t) {
   sizes.insert(sizes.begin(), 1);
   std::vector<V> operands = {stacked, ctx.reshape(row, sizes), t};
   for (size_t d = 1; d < sizes.size(); ++d) operands.push_back(ctx.constant_int(0, DType::Int64));
-  return ctx.emit("stablehlo.dynamic_update_slice", operands, stacked.type);
+  return ctx.emit(Hlo::DynamicUpdateSlice, operands, stacked.type);
 }
 
 // Where the path may skip a blank: into s from s - 2 (the alpha recursion: s > 1 and
@@ -168,9 +168,9 @@ V skip_allowed(LoweringContext& ctx, const CtcSetup& c, bool ahead) {
   V other = ahead ? ctx.concatenate({ctx.slice(c.prime, {0, 2}, {c.batch, n}, {1, 1}), filler}, 1)
                   : ctx.concatenate({filler, ctx.slice(c.prime, {0, 0}, {c.batch, n - 2}, {1, 1})}, 1);
   V s = ctx.iota(TensorType{row, DType::Int64}, 1);
-  V inside = ahead ? ctx.compare("LT", ctx.binary("stablehlo.add", s, i64(2)), c.extended)
-                   : ctx.compare("GT", s, i64(1));
-  return ctx.binary("stablehlo.and", ctx.compare("NE", other, c.prime), inside);
+  V inside = ahead ? ctx.compare(Cmp::LT, ctx.binary(Hlo::Add, s, i64(2)), c.extended)
+                   : ctx.compare(Cmp::GT, s, i64(1));
+  return ctx.binary(Hlo::And, ctx.compare(Cmp::NE, other, c.prime), inside);
 }
 
 // An [N] value of one int per batch item, broadcast along s.
@@ -191,8 +191,8 @@ void lower_ctc_loss(LoweringContext& ctx, const Node& node) {
   V tl = per_item(ctx, c, c.target_lengths);
   // alpha at t = 0: l'[0] (the blank) and l'[1] (the first label, if any)
   V first = row_at(ctx, c.at_prime, ctx.constant_int(0, DType::Int64));
-  V start = ctx.binary("stablehlo.or", ctx.compare("EQ", s, i64(0)),
-                       ctx.binary("stablehlo.and", ctx.compare("EQ", s, i64(1)), ctx.compare("GT", tl, i64(0))));
+  V start = ctx.binary(Hlo::Or, ctx.compare(Cmp::EQ, s, i64(0)),
+                       ctx.binary(Hlo::And, ctx.compare(Cmp::EQ, s, i64(1)), ctx.compare(Cmp::GT, tl, i64(0))));
   V alpha0 = e.sel(start, first, c.neg_inf);
   std::vector<int64_t> cube = {c.steps, c.batch, c.positions};
   V stacked = with_row(ctx, ctx.constant(-std::numeric_limits<double>::infinity(), c.dt, cube), alpha0,
@@ -200,13 +200,13 @@ void lower_ctc_loss(LoweringContext& ctx, const Node& node) {
   V skip = skip_allowed(ctx, c, false);
   std::vector<V> done = ctx.while_loop(
       {ctx.constant_int(1, DType::Int64), alpha0, stacked},
-      [&](const std::vector<V>& st) { return ctx.compare("LT", st[0], ctx.constant_int(c.steps, DType::Int64)); },
+      [&](const std::vector<V>& st) { return ctx.compare(Cmp::LT, st[0], ctx.constant_int(c.steps, DType::Int64)); },
       [&](const std::vector<V>& st) {
         V t = st[0], prev = st[1];
         V a2 = shift_positions(ctx, c, prev, 1);
         V a3 = e.sel(skip, shift_positions(ctx, c, prev, 2), c.neg_inf);
         V next = e.sel(c.in_target, log_add3(e, prev, a2, a3, row_at(ctx, c.at_prime, t)), c.neg_inf);
-        return std::vector<V>{ctx.binary("stablehlo.add", t, ctx.constant_int(1, DType::Int64)), next,
+        return std::vector<V>{ctx.binary(Hlo::Add, t, ctx.constant_int(1, DType::Int64)), next,
                               with_row(ctx, st[2], next, t)};
       });
   V alphas = done[2];  // [T, N, S]
@@ -221,10 +221,10 @@ void lower_ctc_loss(LoweringContext& ctx, const Node& node) {
   V l1 = gather_linear(ctx, alphas, int_vector(ctx, at_end));
   V l2 = gather_linear(ctx, alphas, int_vector(ctx, before_end));
   V neg_inf = v.k(-std::numeric_limits<double>::infinity());
-  V m = v.sel(v.cmp("LT", l1, l2), l2, l1);  // std::max(l1, l2)
-  m = v.sel(v.cmp("EQ", m, neg_inf), v.k(0.0), m);
-  V both = v.add(v.un("stablehlo.log", v.add(v.un("stablehlo.exponential", v.sub(l1, m)),
-                                             v.un("stablehlo.exponential", v.sub(l2, m)))),
+  V m = v.sel(v.cmp(Cmp::LT, l1, l2), l2, l1);  // std::max(l1, l2)
+  m = v.sel(v.cmp(Cmp::EQ, m, neg_inf), v.k(0.0), m);
+  V both = v.add(v.un(Hlo::Log, v.add(v.un(Hlo::Exponential, v.sub(l1, m)),
+                                             v.un(Hlo::Exponential, v.sub(l2, m)))),
                  m);
   std::vector<int64_t> no_target, no_input;
   for (int64_t b = 0; b < c.batch; ++b) {
@@ -232,11 +232,11 @@ void lower_ctc_loss(LoweringContext& ctx, const Node& node) {
     no_input.push_back(c.input_lengths[b] == 0);
   }
   V zero_i = ctx.constant_int(0, DType::Int64, {c.batch});
-  V likelihood = v.sel(ctx.compare("NE", int_vector(ctx, no_target), zero_i), l1, both);
+  V likelihood = v.sel(ctx.compare(Cmp::NE, int_vector(ctx, no_target), zero_i), l1, both);
   // No input: likelihood 1 for an empty target, else 0 (CPU's -0 and inf below).
-  V empty_likelihood = v.sel(ctx.compare("NE", int_vector(ctx, no_target), zero_i), v.k(0.0), neg_inf);
-  likelihood = v.sel(ctx.compare("NE", int_vector(ctx, no_input), zero_i), empty_likelihood, likelihood);
-  V nll = v.un("stablehlo.negate", likelihood);
+  V empty_likelihood = v.sel(ctx.compare(Cmp::NE, int_vector(ctx, no_target), zero_i), v.k(0.0), neg_inf);
+  likelihood = v.sel(ctx.compare(Cmp::NE, int_vector(ctx, no_input), zero_i), empty_likelihood, likelihood);
+  V nll = v.un(Hlo::Negate, likelihood);
   ctx.set_results({nll, ctx.transpose(alphas, {1, 0, 2})});
 }
 
@@ -252,18 +252,18 @@ void lower_ctc_loss_backward(LoweringContext& ctx, const Node& node) {
   V s = ctx.iota(TensorType{row, DType::Int64}, 1);
   auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, row); };
   V tl = per_item(ctx, c, c.target_lengths), il = per_item(ctx, c, c.input_lengths);
-  V last_t = ctx.binary("stablehlo.subtract", il, i64(1));
-  V two_l = ctx.binary("stablehlo.multiply", tl, i64(2));
+  V last_t = ctx.binary(Hlo::Subtract, il, i64(1));
+  V two_l = ctx.binary(Hlo::Multiply, tl, i64(2));
   // beta at t = input_length - 1: l'[2L] (the last blank) and l'[2L - 1] (the last label).
-  V ends = ctx.binary("stablehlo.or", ctx.compare("EQ", s, two_l),
-                      ctx.binary("stablehlo.and", ctx.compare("EQ", s, ctx.binary("stablehlo.subtract", two_l, i64(1))),
-                                 ctx.compare("GT", tl, i64(0))));
+  V ends = ctx.binary(Hlo::Or, ctx.compare(Cmp::EQ, s, two_l),
+                      ctx.binary(Hlo::And, ctx.compare(Cmp::EQ, s, ctx.binary(Hlo::Subtract, two_l, i64(1))),
+                                 ctx.compare(Cmp::GT, tl, i64(0))));
   V skip = skip_allowed(ctx, c, true);
-  V below_end = ctx.compare("LT", s, two_l);  // s + 1 inside the extended target
+  V below_end = ctx.compare(Cmp::LT, s, two_l);  // s + 1 inside the extended target
   V neg_cube = ctx.constant(-std::numeric_limits<double>::infinity(), c.dt, cube);
   std::vector<V> done = ctx.while_loop(
       {ctx.constant_int(c.steps - 1, DType::Int64), c.neg_inf, neg_cube},
-      [&](const std::vector<V>& st) { return ctx.compare("GE", st[0], ctx.constant_int(0, DType::Int64)); },
+      [&](const std::vector<V>& st) { return ctx.compare(Cmp::GE, st[0], ctx.constant_int(0, DType::Int64)); },
       [&](const std::vector<V>& st) {
         V t = st[0], next_row = st[1];
         V lp = row_at(ctx, c.at_prime, t);
@@ -271,9 +271,9 @@ void lower_ctc_loss_backward(LoweringContext& ctx, const Node& node) {
         V b2 = e.sel(below_end, shift_positions(ctx, c, next_row, -1), c.neg_inf);
         V b3 = e.sel(skip, shift_positions(ctx, c, next_row, -2), c.neg_inf);
         V stepped = e.sel(c.in_target, log_add3(e, next_row, b2, b3, lp), c.neg_inf);
-        V beta = e.sel(ctx.compare("EQ", tt, last_t), e.sel(ends, lp, c.neg_inf),
-                       e.sel(ctx.compare("LT", tt, last_t), stepped, c.neg_inf));
-        return std::vector<V>{ctx.binary("stablehlo.subtract", t, ctx.constant_int(1, DType::Int64)), beta,
+        V beta = e.sel(ctx.compare(Cmp::EQ, tt, last_t), e.sel(ends, lp, c.neg_inf),
+                       e.sel(ctx.compare(Cmp::LT, tt, last_t), stepped, c.neg_inf));
+        return std::vector<V>{ctx.binary(Hlo::Subtract, t, ctx.constant_int(1, DType::Int64)), beta,
                               with_row(ctx, st[2], beta, t)};
       });
   V betas = done[2];  // [T, N, S]
@@ -284,8 +284,8 @@ void lower_ctc_loss_backward(LoweringContext& ctx, const Node& node) {
   Ex x = make_ex(ctx, c.dt, cube);
   V neg_inf = x.k(-std::numeric_limits<double>::infinity());
   V t_cube = ctx.iota(TensorType{cube, DType::Int64}, 0);
-  V inside_t = ctx.compare("LT", t_cube, ctx.broadcast_in_dim(int_vector(ctx, c.input_lengths), cube, {1}));
-  V valid = ctx.binary("stablehlo.and", inside_t, ctx.broadcast_in_dim(c.in_target, cube, {1, 2}));
+  V inside_t = ctx.compare(Cmp::LT, t_cube, ctx.broadcast_in_dim(int_vector(ctx, c.input_lengths), cube, {1}));
+  V valid = ctx.binary(Hlo::And, inside_t, ctx.broadcast_in_dim(c.in_target, cube, {1, 2}));
   V ab = x.sel(valid, x.add(ctx.transpose(log_alpha, {1, 0, 2}), betas), neg_inf);
   V ab_by_s = ctx.transpose(ab, {2, 0, 1});        // [S, T, N]
   V prime_by_s = ctx.transpose(c.prime, {1, 0});  // [S, N]
@@ -295,30 +295,30 @@ void lower_ctc_loss_backward(LoweringContext& ctx, const Node& node) {
   V class_iota = ctx.iota(TensorType{grid, DType::Int64}, 2);
   std::vector<V> folded = ctx.while_loop(
       {ctx.constant_int(c.positions - 1, DType::Int64), neg_grid},
-      [&](const std::vector<V>& st) { return ctx.compare("GE", st[0], ctx.constant_int(0, DType::Int64)); },
+      [&](const std::vector<V>& st) { return ctx.compare(Cmp::GE, st[0], ctx.constant_int(0, DType::Int64)); },
       [&](const std::vector<V>& st) {
         V at = st[0], acc = st[1];
         V value = ctx.broadcast_in_dim(row_at(ctx, ab_by_s, at), grid, {0, 1});
         V label = ctx.broadcast_in_dim(row_at(ctx, prime_by_s, at), grid, {1});
-        V m = g.sel(g.cmp("LT", acc, value), value, acc);  // std::max(lcab, log_alpha_beta)
-        V added = g.add(g.un("stablehlo.log", g.add(g.un("stablehlo.exponential", g.sub(acc, m)),
-                                                    g.un("stablehlo.exponential", g.sub(value, m)))),
+        V m = g.sel(g.cmp(Cmp::LT, acc, value), value, acc);  // std::max(lcab, log_alpha_beta)
+        V added = g.add(g.un(Hlo::Log, g.add(g.un(Hlo::Exponential, g.sub(acc, m)),
+                                                    g.un(Hlo::Exponential, g.sub(value, m)))),
                         m);
-        V next = g.sel(g.cmp("EQ", acc, neg_grid), value, added);
-        return std::vector<V>{ctx.binary("stablehlo.subtract", at, ctx.constant_int(1, DType::Int64)),
-                              g.sel(ctx.compare("EQ", class_iota, label), next, acc)};
+        V next = g.sel(g.cmp(Cmp::EQ, acc, neg_grid), value, added);
+        return std::vector<V>{ctx.binary(Hlo::Subtract, at, ctx.constant_int(1, DType::Int64)),
+                              g.sel(ctx.compare(Cmp::EQ, class_iota, label), next, acc)};
       });
   V collected = folded[1];
   // (exp(lp) - exp(collected + nll - lp)) * grad for t < input_length, else 0.
   V lp = log_probs;
   V nll_b = ctx.broadcast_in_dim(nll, grid, {1}), gr = ctx.broadcast_in_dim(grad_out, grid, {1});
-  V result = g.mul(g.sub(g.un("stablehlo.exponential", lp),
-                         g.un("stablehlo.exponential", g.sub(g.add(collected, nll_b), lp))),
+  V result = g.mul(g.sub(g.un(Hlo::Exponential, lp),
+                         g.un(Hlo::Exponential, g.sub(g.add(collected, nll_b), lp))),
                    gr);
   V t_grid = ctx.iota(TensorType{grid, DType::Int64}, 0);
-  V live = ctx.compare("LT", t_grid, ctx.broadcast_in_dim(int_vector(ctx, c.input_lengths), grid, {1}));
+  V live = ctx.compare(Cmp::LT, t_grid, ctx.broadcast_in_dim(int_vector(ctx, c.input_lengths), grid, {1}));
   if (zero_infinity)
-    live = ctx.binary("stablehlo.and", live, g.cmp("NE", nll_b, g.k(std::numeric_limits<double>::infinity())));
+    live = ctx.binary(Hlo::And, live, g.cmp(Cmp::NE, nll_b, g.k(std::numeric_limits<double>::infinity())));
   ctx.set_result(g.sel(live, result, g.k(0.0)));
 }
 

@@ -24,7 +24,7 @@ std::string prefix_window(const V& x, int64_t dim) {
 // values and lets NaN win (the latest NaN's index). As a combiner that is a max over the
 // order (NaN first, then the value, then the index), which is commutative and associative.
 void lower_cumulative_extremum(LoweringContext& ctx, const Node& node) {
-  bool is_max = std::string(rule_data(node)) == "max";
+  bool is_max = rule_param<Extremum>(node) == Extremum::Max;
   V x = ctx.input(node, 0);
   const TensorType &values = ctx.out(node, 0), &indices = ctx.out(node, 1);
   if (x.type.rank() == 0 || x.type.numel() == 0) {
@@ -39,20 +39,20 @@ void lower_cumulative_extremum(LoweringContext& ctx, const Node& node) {
   std::string body = ctx.region({sv, si, sv, si}, [&](const std::vector<V>& a) {
     const V &av = a[0], &ai = a[1], &bv = a[2], &bi = a[3];
     V b_better = ctx.compare(is_max ? "GT" : "LT", bv, av);
-    V same = ctx.compare("EQ", bv, av);
+    V same = ctx.compare(Cmp::EQ, bv, av);
     if (is_floating(dt)) {
-      V a_nan = ctx.compare("NE", av, av), b_nan = ctx.compare("NE", bv, bv);
-      V neither = ctx.binary("stablehlo.and", ctx.unary("stablehlo.not", a_nan), ctx.unary("stablehlo.not", b_nan));
-      b_better = ctx.binary("stablehlo.or", ctx.binary("stablehlo.and", b_nan, ctx.unary("stablehlo.not", a_nan)),
-                            ctx.binary("stablehlo.and", neither, b_better));
-      same = ctx.binary("stablehlo.or", ctx.binary("stablehlo.and", a_nan, b_nan), ctx.binary("stablehlo.and", neither, same));
+      V a_nan = ctx.compare(Cmp::NE, av, av), b_nan = ctx.compare(Cmp::NE, bv, bv);
+      V neither = ctx.binary(Hlo::And, ctx.unary(Hlo::Not, a_nan), ctx.unary(Hlo::Not, b_nan));
+      b_better = ctx.binary(Hlo::Or, ctx.binary(Hlo::And, b_nan, ctx.unary(Hlo::Not, a_nan)),
+                            ctx.binary(Hlo::And, neither, b_better));
+      same = ctx.binary(Hlo::Or, ctx.binary(Hlo::And, a_nan, b_nan), ctx.binary(Hlo::And, neither, same));
     }
-    V pick_b = ctx.binary("stablehlo.or", b_better, ctx.binary("stablehlo.and", same, ctx.compare("GT", bi, ai)));
+    V pick_b = ctx.binary(Hlo::Or, b_better, ctx.binary(Hlo::And, same, ctx.compare(Cmp::GT, bi, ai)));
     return std::vector<V>{ctx.select(pick_b, bv, av), ctx.select(pick_b, bi, ai)};
   });
   V init_v = is_max ? lowest_scalar(ctx, keys.type.dtype) : highest_scalar(ctx, keys.type.dtype);
   V init_i = ctx.constant_int(-1, DType::Int64);
-  std::vector<V> r = ctx.emit_multi("stablehlo.reduce_window", {keys, index, init_v, init_i}, {keys.type, index.type},
+  std::vector<V> r = ctx.emit_multi(Hlo::ReduceWindow, {keys, index, init_v, init_i}, {keys.type, index.type},
                                     prefix_window(x, dim), body);
   ctx.set_results({ctx.convert(r[0], dt), r[1]});
 }
@@ -72,11 +72,11 @@ void lower_logcumsumexp(LoweringContext& ctx, const Node& node) {
   std::string body = ctx.region({s, s}, [&](const std::vector<V>& a) {
     Ex e = make_ex(ctx, dt, {});
     V hi = e.max(a[0], a[1]), lo = e.min(a[0], a[1]);
-    V r = e.add(hi, e.un("stablehlo.log_plus_one", e.un("stablehlo.exponential", e.sub(lo, hi))));
-    V same_inf = e.band(e.cmp("EQ", a[0], a[1]), e.cmp("EQ", e.un("stablehlo.abs", a[0]), e.k(INFINITY)));
+    V r = e.add(hi, e.un(Hlo::LogPlusOne, e.un(Hlo::Exponential, e.sub(lo, hi))));
+    V same_inf = e.band(e.cmp(Cmp::EQ, a[0], a[1]), e.cmp(Cmp::EQ, e.un(Hlo::Abs, a[0]), e.k(INFINITY)));
     return std::vector<V>{e.sel(same_inf, a[0], r)};
   });
-  V r = ctx.emit("stablehlo.reduce_window", {x, ctx.constant(-INFINITY, dt)}, x.type, prefix_window(x, dim), body);
+  V r = ctx.emit(Hlo::ReduceWindow, {x, ctx.constant(-INFINITY, dt)}, x.type, prefix_window(x, dim), body);
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 
@@ -97,13 +97,13 @@ void lower_cummaxmin_backward(LoweringContext& ctx, const Node& node) {
   coefs[dim] = 0;
   V pos = affine_index(ctx, out.shape, coefs, 0, it);
   V along = ctx.convert(indices, it);
-  if (strides[dim] != 1) along = ctx.binary("stablehlo.multiply", along, ctx.constant_int(strides[dim], it, out.shape));
-  pos = ctx.binary("stablehlo.add", pos, along);
-  ctx.set_result(scatter_linear(ctx, ctx.constant(0, out.dtype, out.shape), pos, grad, "stablehlo.add"));
+  if (strides[dim] != 1) along = ctx.binary(Hlo::Multiply, along, ctx.constant_int(strides[dim], it, out.shape));
+  pos = ctx.binary(Hlo::Add, pos, along);
+  ctx.set_result(scatter_linear(ctx, ctx.constant(0, out.dtype, out.shape), pos, grad, Hlo::Add));
 }
 
-LOWERING("aten::cummax", lower_cumulative_extremum, "max");
-LOWERING("aten::cummin", lower_cumulative_extremum, "min");
+LOWERING("aten::cummax", lower_cumulative_extremum, Extremum::Max);
+LOWERING("aten::cummin", lower_cumulative_extremum, Extremum::Min);
 LOWERING("aten::_logcumsumexp", lower_logcumsumexp);
 LOWERING("aten::logcumsumexp", lower_logcumsumexp, nullptr, kFloatOnly);
 LOWERING("aten::cummaxmin_backward", lower_cummaxmin_backward);

@@ -26,7 +26,7 @@ V count_true(LoweringContext& ctx, const V& keep) {
 // which scatter drops) when it is not kept or does not fit.
 V packed_positions(LoweringContext& ctx, const V& keep, int64_t size) {
   int64_t n = keep.type.numel();
-  V rank = ctx.binary("stablehlo.subtract", cumsum_along(ctx, ctx.convert(keep, DType::Int64), 0),
+  V rank = ctx.binary(Hlo::Subtract, cumsum_along(ctx, ctx.convert(keep, DType::Int64), 0),
                       ctx.constant_int(1, DType::Int64, {n}));
   return ctx.select(keep, rank, ctx.constant_int(size, DType::Int64, {n}));
 }
@@ -46,9 +46,9 @@ V true_positions(LoweringContext& ctx, const V& keep, int64_t size) {
 V coordinate(LoweringContext& ctx, const V& linear, const std::vector<int64_t>& shape, int64_t dim) {
   const auto& n = linear.type.shape;
   int64_t stride = contiguous_strides(shape)[dim];
-  V c = ctx.binary("stablehlo.remainder", ctx.binary("stablehlo.divide", linear, ctx.constant_int(stride, DType::Int64, n)),
+  V c = ctx.binary(Hlo::Remainder, ctx.binary(Hlo::Divide, linear, ctx.constant_int(stride, DType::Int64, n)),
                    ctx.constant_int(shape[dim], DType::Int64, n));
-  V missing = ctx.compare("LT", linear, ctx.constant_int(0, DType::Int64, n));
+  V missing = ctx.compare(Cmp::LT, linear, ctx.constant_int(0, DType::Int64, n));
   return ctx.select(missing, ctx.constant_int(-1, DType::Int64, n), c);
 }
 
@@ -82,7 +82,7 @@ void lower_nonzero_static(LoweringContext& ctx, const Node& node) {
   std::vector<V> columns;
   for (int64_t d = 0; d < rank; ++d) columns.push_back(ctx.reshape(coordinate(ctx, linear, x.type.shape, d), {size, 1}));
   V coords = ctx.concatenate(columns, 1);
-  V missing = ctx.broadcast_in_dim(ctx.compare("LT", linear, ctx.constant_int(0, DType::Int64, {size})), out.shape, {0});
+  V missing = ctx.broadcast_in_dim(ctx.compare(Cmp::LT, linear, ctx.constant_int(0, DType::Int64, {size})), out.shape, {0});
   V fill = ctx.broadcast_to(ctx.scalar(node, 2, DType::Int64), out.shape);
   ctx.set_result(ctx.select(missing, fill, coords));
 }
@@ -164,10 +164,10 @@ Groups group_rows(LoweringContext& ctx, const V& x, const Arg& dim, bool consecu
       rows = ctx.concatenate(cols, 1);
     }
   }
-  V differs = ctx.compare("NE", ctx.slice(rows, {1, 0}, {R, M}, {1, 1}), ctx.slice(rows, {0, 0}, {R - 1, M}, {1, 1}));
-  V starts = ctx.reduce(differs, {1}, ctx.constant_int(0, DType::Bool), "stablehlo.or");
+  V differs = ctx.compare(Cmp::NE, ctx.slice(rows, {1, 0}, {R, M}, {1, 1}), ctx.slice(rows, {0, 0}, {R - 1, M}, {1, 1}));
+  V starts = ctx.reduce(differs, {1}, ctx.constant_int(0, DType::Bool), Hlo::Or);
   g.is_first = ctx.concatenate({ctx.constant_int(1, DType::Bool, {1}), starts}, 0);
-  g.group = ctx.binary("stablehlo.subtract", cumsum_along(ctx, ctx.convert(g.is_first, DType::Int64), 0),
+  g.group = ctx.binary(Hlo::Subtract, cumsum_along(ctx, ctx.convert(g.is_first, DType::Int64), 0),
                        ctx.constant_int(1, DType::Int64, {R}));
   g.rows = rows;
   g.order = order;
@@ -206,8 +206,8 @@ void lower_unique(LoweringContext& ctx, const Node& node) {
   // The original row that represents each group (its first in sorted order).
   V representative = scatter_linear(ctx, ctx.constant_int(0, DType::Int64, {size}), first_slot, g.order, nullptr);
   V rows = as_rows(ctx, x, dim);
-  V positions = ctx.binary("stablehlo.add",
-                           ctx.binary("stablehlo.multiply", ctx.broadcast_in_dim(representative, {size, M}, {0}),
+  V positions = ctx.binary(Hlo::Add,
+                           ctx.binary(Hlo::Multiply, ctx.broadcast_in_dim(representative, {size, M}, {0}),
                                       ctx.constant_int(M, DType::Int64, {size, M})),
                            ctx.iota(TensorType{{size, M}, DType::Int64}, 1));
   V picked = gather_linear(ctx, rows, positions);
@@ -226,7 +226,7 @@ void lower_unique(LoweringContext& ctx, const Node& node) {
   }
   V inverse = scatter_linear(ctx, ctx.constant_int(0, DType::Int64, {R}), g.order, g.group, nullptr);
   V counts = scatter_linear(ctx, ctx.constant_int(0, DType::Int64, {size}), g.group,
-                            ctx.constant_int(1, DType::Int64, {R}), "stablehlo.add");
+                            ctx.constant_int(1, DType::Int64, {R}), Hlo::Add);
   ctx.set_results({values, inverse_type.numel() ? ctx.reshape(inverse, inverse_type.shape)
                                                  : ctx.constant_int(0, DType::Int64, inverse_type.shape),
                    counts_type.numel() ? counts : ctx.constant_int(0, DType::Int64, counts_type.shape)});

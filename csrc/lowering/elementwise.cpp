@@ -1,5 +1,5 @@
 // Elementwise lowerings: unary math, binary arithmetic, comparisons, logical ops, where.
-// Each family is one function; the rule's `data` names the StableHLO op.
+// Each family is one function; the rule's parameter names the StableHLO op (Hlo) or direction (Cmp).
 #include <cmath>
 
 #include "lowering/common.h"
@@ -17,7 +17,7 @@ bool scalar_other_kept_unrounded(LoweringContext& ctx, const Node& node, const T
   return !ctx.has_input(node, 1) || ctx.input(node, 1).type.rank() == 0;
 }
 
-V binary_with_unrounded_scalar(LoweringContext& ctx, const Node& node, const TensorType& out, const char* op) {
+V binary_with_unrounded_scalar(LoweringContext& ctx, const Node& node, const TensorType& out, Hlo op) {
   V a = ctx.convert(tensor_or_scalar(ctx, node, 0, out.dtype, out.shape), DType::Float32);
   V b = tensor_or_scalar(ctx, node, 1, DType::Float32, out.shape);
   return ctx.convert(ctx.binary(op, a, b), out.dtype);
@@ -28,14 +28,14 @@ void lower_binary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
-  ctx.set_result(ctx.binary(rule_data(node), a, b));
+  ctx.set_result(ctx.binary(rule_param<Hlo>(node), a, b));
 }
 
 // mul: as lower_binary, but a scalar `other` of a float16/bfloat16 product stays unrounded.
 void lower_mul(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   if (scalar_other_kept_unrounded(ctx, node, out))
-    ctx.set_result(binary_with_unrounded_scalar(ctx, node, out, "stablehlo.multiply"));
+    ctx.set_result(binary_with_unrounded_scalar(ctx, node, out, Hlo::Multiply));
   else
     lower_binary(ctx, node);
 }
@@ -48,7 +48,7 @@ bool times_alpha_is_identity(const Node& node) {
 
 V times_alpha(LoweringContext& ctx, const Node& node, const V& x, const TensorType& out) {
   if (times_alpha_is_identity(node)) return x;
-  return ctx.binary("stablehlo.multiply", x, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
+  return ctx.binary(Hlo::Multiply, x, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
 }
 
 // A float16/bfloat16 operand of an add or subtract, in float32 behind a reduce_precision to
@@ -62,7 +62,7 @@ V times_alpha(LoweringContext& ctx, const Node& node, const V& x, const TensorTy
 V kept_from_contraction(LoweringContext& ctx, const V& x) {
   V wide = ctx.convert(x, DType::Float32);
   int mantissa_bits = x.type.dtype == DType::Float16 ? 10 : 7;
-  return ctx.emit("stablehlo.reduce_precision", {wide}, wide.type,
+  return ctx.emit(Hlo::ReducePrecision, {wide}, wide.type,
                   "exponent_bits = 8 : i32, mantissa_bits = " + std::to_string(mantissa_bits) + " : i32");
 }
 
@@ -70,7 +70,7 @@ V kept_from_contraction(LoweringContext& ctx, const V& x) {
 // in float32 and rounded once (exact: float32 holds the sum of two float16/bfloat16 values to
 // within half an ulp of the result), from its tensor operands kept from contraction; a Python
 // number cannot be a product and is only widened.
-V add_or_subtract(LoweringContext& ctx, const char* op, const V& a, bool a_is_tensor, const V& b,
+V add_or_subtract(LoweringContext& ctx, Hlo op, const V& a, bool a_is_tensor, const V& b,
                   bool b_is_tensor, const TensorType& out) {
   if (out.dtype != DType::Float16 && out.dtype != DType::BFloat16) return ctx.binary(op, a, b);
   auto widened = [&](const V& x, bool is_tensor) {
@@ -86,7 +86,7 @@ void lower_add_sub(LoweringContext& ctx, const Node& node) {
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
   // alpha * other is a product of its own: kept from contraction as a tensor operand is.
   bool b_is_product = ctx.has_input(node, 1) || !times_alpha_is_identity(node);
-  ctx.set_result(add_or_subtract(ctx, rule_data(node), a, ctx.has_input(node, 0), times_alpha(ctx, node, b, out),
+  ctx.set_result(add_or_subtract(ctx, rule_param<Hlo>(node), a, ctx.has_input(node, 0), times_alpha(ctx, node, b, out),
                                  b_is_product, out));
 }
 
@@ -96,7 +96,7 @@ void lower_rsub(LoweringContext& ctx, const Node& node) {
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
   bool a_is_product = ctx.has_input(node, 0) || !times_alpha_is_identity(node);
-  ctx.set_result(add_or_subtract(ctx, "stablehlo.subtract", b, ctx.has_input(node, 1), times_alpha(ctx, node, a, out),
+  ctx.set_result(add_or_subtract(ctx, Hlo::Subtract, b, ctx.has_input(node, 1), times_alpha(ctx, node, a, out),
                                  a_is_product, out));
 }
 
@@ -104,35 +104,39 @@ void lower_rsub(LoweringContext& ctx, const Node& node) {
 // with a % b (floor(a / b) can be off by one where a / b rounds to an integer).
 V floor_divide_float(const Ex& e, const V& a, const V& b) {
   V zero = e.k(0.0);
-  V mod = e.c.binary("stablehlo.remainder", a, b);
+  V mod = e.c.binary(Hlo::Remainder, a, b);
   V div = e.div(e.sub(a, mod), b);
-  V adjust = e.band(e.cmp("NE", mod, zero), e.cmp("NE", e.cmp("LT", b, zero), e.cmp("LT", mod, zero)));
+  V adjust = e.band(e.cmp(Cmp::NE, mod, zero), e.cmp(Cmp::NE, e.cmp(Cmp::LT, b, zero), e.cmp(Cmp::LT, mod, zero)));
   div = e.sel(adjust, e.sub(div, e.k(1.0)), div);
-  V floored = e.un("stablehlo.floor", div);
-  floored = e.sel(e.cmp("GT", e.sub(div, floored), e.k(0.5)), e.add(floored, e.k(1.0)), floored);
+  V floored = e.un(Hlo::Floor, div);
+  floored = e.sel(e.cmp(Cmp::GT, e.sub(div, floored), e.k(0.5)), e.add(floored, e.k(1.0)), floored);
   // A zero quotient takes the sign of a / b (1 / -0 is -inf).
   V quotient = e.div(a, b);
-  V signed_zero = e.sel(e.cmp("LT", e.div(e.k(1.0), quotient), zero), e.k(-0.0), zero);
-  V r = e.sel(e.cmp("NE", div, zero), floored, signed_zero);
-  return e.sel(e.cmp("EQ", b, zero), quotient, r);
+  V signed_zero = e.sel(e.cmp(Cmp::LT, e.div(e.k(1.0), quotient), zero), e.k(-0.0), zero);
+  V r = e.sel(e.cmp(Cmp::NE, div, zero), floored, signed_zero);
+  return e.sel(e.cmp(Cmp::EQ, b, zero), quotient, r);
 }
 
-// div with rounding_mode (None, "trunc", "floor"); floor_divide (rule data "floor").
+// How a division rounds: as its rounding_mode argument says (None, "trunc", "floor"), or
+// always down (floor_divide).
+enum class Rounding : uint8_t { FromArgument, Floor };
+
+// div with rounding_mode; floor_divide.
 void lower_div(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string mode = rule_data(node) ? rule_data(node) : "";
+  std::string mode = rule_param<Rounding>(node) == Rounding::Floor ? "floor" : "";
   if (node.args.size() > 2 && node.args[2].kind == Arg::Kind::String) mode = node.args[2].s;
   if (mode.empty() && scalar_other_kept_unrounded(ctx, node, out)) {
-    ctx.set_result(binary_with_unrounded_scalar(ctx, node, out, "stablehlo.divide"));
+    ctx.set_result(binary_with_unrounded_scalar(ctx, node, out, Hlo::Divide));
     return;
   }
   if (is_floating(out.dtype) || is_complex(out.dtype)) {  // complex: no rounding modes (not registered)
     Ex e = operands_ex(ctx, out);
     V a = e.arg(node, 0), b = e.arg(node, 1);
-    V q = ctx.binary("stablehlo.divide", a, b);
+    V q = ctx.binary(Hlo::Divide, a, b);
     if (mode == "trunc") {
       V zero = e.k(0);
-      q = ctx.select(ctx.compare("LT", q, zero), ctx.unary("stablehlo.ceil", q), ctx.unary("stablehlo.floor", q));
+      q = ctx.select(ctx.compare(Cmp::LT, q, zero), ctx.unary(Hlo::Ceil, q), ctx.unary(Hlo::Floor, q));
     } else if (mode == "floor") {
       q = floor_divide_float(e, a, b);
     }
@@ -143,14 +147,14 @@ void lower_div(LoweringContext& ctx, const Node& node) {
   V a = tensor_or_scalar(ctx, node, 0, out.dtype, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
   check_integer_divisor(ctx, node, 1, b);
-  V q = ctx.binary("stablehlo.divide", a, b);
+  V q = ctx.binary(Hlo::Divide, a, b);
   if (mode == "floor" && out.dtype != DType::UInt8) {
-    V r = ctx.binary("stablehlo.remainder", a, b);
+    V r = ctx.binary(Hlo::Remainder, a, b);
     V zero = ctx.constant(0, out.dtype, out.shape);
-    V nonzero = ctx.compare("NE", r, zero);
-    V signs_differ = ctx.compare("NE", ctx.compare("LT", r, zero), ctx.compare("LT", b, zero));
-    V adjust = ctx.emit("stablehlo.and", {nonzero, signs_differ}, nonzero.type);
-    q = ctx.select(adjust, ctx.binary("stablehlo.subtract", q, ctx.constant(1, out.dtype, out.shape)), q);
+    V nonzero = ctx.compare(Cmp::NE, r, zero);
+    V signs_differ = ctx.compare(Cmp::NE, ctx.compare(Cmp::LT, r, zero), ctx.compare(Cmp::LT, b, zero));
+    V adjust = ctx.emit(Hlo::And, {nonzero, signs_differ}, nonzero.type);
+    q = ctx.select(adjust, ctx.binary(Hlo::Subtract, q, ctx.constant(1, out.dtype, out.shape)), q);
   }
   ctx.set_result(q);
 }
@@ -172,7 +176,7 @@ void lower_compare(LoweringContext& ctx, const Node& node) {
   }
   V a = tensor_or_scalar(ctx, node, 0, compute, out.shape);
   V b = tensor_or_scalar(ctx, node, 1, compute, out.shape);
-  ctx.set_result(ctx.compare(rule_data(node), a, b));
+  ctx.set_result(ctx.compare(rule_param<Cmp>(node), a, b));
 }
 
 // logical_and/or/xor: operands as bools.
@@ -180,13 +184,13 @@ void lower_logical(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = to_type(ctx, ctx.input(node, 0), DType::Bool, out.shape);
   V b = to_type(ctx, ctx.input(node, 1), DType::Bool, out.shape);
-  ctx.set_result(ctx.convert(ctx.binary(rule_data(node), a, b), out.dtype));
+  ctx.set_result(ctx.convert(ctx.binary(rule_param<Hlo>(node), a, b), out.dtype));
 }
 
 void lower_logical_not(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V a = ctx.convert(ctx.input(node, 0), DType::Bool);
-  ctx.set_result(ctx.convert(ctx.unary("stablehlo.not", a), out.dtype));
+  ctx.set_result(ctx.convert(ctx.unary(Hlo::Not, a), out.dtype));
 }
 
 // where(condition, self, other)
@@ -205,7 +209,7 @@ void lower_threshold_backward(LoweringContext& ctx, const Node& node) {
   V grad = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
   V self = ctx.input(node, 1);
   V threshold = ctx.broadcast_to(ctx.scalar(node, 2, self.type.dtype), self.type.shape);
-  V drop = ctx.broadcast_to(ctx.compare("LE", self, threshold), out.shape);
+  V drop = ctx.broadcast_to(ctx.compare(Cmp::LE, self, threshold), out.shape);
   ctx.set_result(ctx.select(drop, ctx.constant(0, out.dtype, out.shape), grad));
 }
 
@@ -229,44 +233,45 @@ void lower_identity(LoweringContext& ctx, const Node& node) {
 DTypeSet alpha_refuses(const std::vector<Arg>& args) {
   return args.size() > 2 && args[2].kind == Arg::Kind::Bool ? kAllDTypes & ~kBoolDTypes : 0;
 }
+constexpr RuleFlags kIdentity{.complex = true, .identity = true};
 constexpr RuleFlags kAdd{.complex = true, .refuses_for = alpha_refuses};
-LOWERING("aten::add.Tensor", lower_add_sub, "stablehlo.add", kAdd);
-LOWERING("aten::add.Scalar", lower_add_sub, "stablehlo.add", kAdd);
+LOWERING("aten::add.Tensor", lower_add_sub, Hlo::Add, kAdd);
+LOWERING("aten::add.Scalar", lower_add_sub, Hlo::Add, kAdd);
 // CPU's sub refuses a bool operand, tensor or Python bool ("Subtraction, the `-` operator, with
 // a bool tensor is not supported"); PyTorch's meta kernel refuses two bools only.
 constexpr RuleFlags kSub{.complex = true, .refuses = kBoolDTypes, .judged_on = Judged::Operands,
                          .refuses_for = alpha_refuses};
-LOWERING("aten::sub.Tensor", lower_add_sub, "stablehlo.subtract", kSub);
-LOWERING("aten::sub.Scalar", lower_add_sub, "stablehlo.subtract", kSub);
+LOWERING("aten::sub.Tensor", lower_add_sub, Hlo::Subtract, kSub);
+LOWERING("aten::sub.Scalar", lower_add_sub, Hlo::Subtract, kSub);
 LOWERING("aten::rsub.Tensor", lower_rsub, nullptr, kSub);
 LOWERING("aten::rsub.Scalar", lower_rsub, nullptr, kSub);
-LOWERING("aten::mul.Tensor", lower_mul, "stablehlo.multiply", kTakesComplex);
-LOWERING("aten::mul.Scalar", lower_mul, "stablehlo.multiply", kTakesComplex);
-LOWERING("aten::div.Tensor", lower_div, nullptr, kTakesComplex);
-LOWERING("aten::div.Scalar", lower_div, nullptr, kTakesComplex);
-LOWERING("aten::div.Tensor_mode", lower_div, nullptr, kNoBool);
-LOWERING("aten::div.Scalar_mode", lower_div, nullptr, kNoBool);
-LOWERING("aten::floor_divide", lower_div, "floor");
-LOWERING("aten::floor_divide.Scalar", lower_div, "floor");
-LOWERING("aten::maximum", lower_binary, "stablehlo.maximum");
-LOWERING("aten::minimum", lower_binary, "stablehlo.minimum");
+LOWERING("aten::mul.Tensor", lower_mul, Hlo::Multiply, kTakesComplex);
+LOWERING("aten::mul.Scalar", lower_mul, Hlo::Multiply, kTakesComplex);
+LOWERING("aten::div.Tensor", lower_div, Rounding::FromArgument, kTakesComplex);
+LOWERING("aten::div.Scalar", lower_div, Rounding::FromArgument, kTakesComplex);
+LOWERING("aten::div.Tensor_mode", lower_div, Rounding::FromArgument, kNoBool);
+LOWERING("aten::div.Scalar_mode", lower_div, Rounding::FromArgument, kNoBool);
+LOWERING("aten::floor_divide", lower_div, Rounding::Floor);
+LOWERING("aten::floor_divide.Scalar", lower_div, Rounding::Floor);
+LOWERING("aten::maximum", lower_binary, Hlo::Maximum);
+LOWERING("aten::minimum", lower_binary, Hlo::Minimum);
 
-LOWERING("aten::eq.Tensor", lower_compare, "EQ", kTakesComplex);
-LOWERING("aten::eq.Scalar", lower_compare, "EQ", kTakesComplex);
-LOWERING("aten::ne.Tensor", lower_compare, "NE", kTakesComplex);
-LOWERING("aten::ne.Scalar", lower_compare, "NE", kTakesComplex);
-LOWERING("aten::lt.Tensor", lower_compare, "LT");
-LOWERING("aten::lt.Scalar", lower_compare, "LT");
-LOWERING("aten::le.Tensor", lower_compare, "LE");
-LOWERING("aten::le.Scalar", lower_compare, "LE");
-LOWERING("aten::gt.Tensor", lower_compare, "GT");
-LOWERING("aten::gt.Scalar", lower_compare, "GT");
-LOWERING("aten::ge.Tensor", lower_compare, "GE");
-LOWERING("aten::ge.Scalar", lower_compare, "GE");
+LOWERING("aten::eq.Tensor", lower_compare, Cmp::EQ, kTakesComplex);
+LOWERING("aten::eq.Scalar", lower_compare, Cmp::EQ, kTakesComplex);
+LOWERING("aten::ne.Tensor", lower_compare, Cmp::NE, kTakesComplex);
+LOWERING("aten::ne.Scalar", lower_compare, Cmp::NE, kTakesComplex);
+LOWERING("aten::lt.Tensor", lower_compare, Cmp::LT);
+LOWERING("aten::lt.Scalar", lower_compare, Cmp::LT);
+LOWERING("aten::le.Tensor", lower_compare, Cmp::LE);
+LOWERING("aten::le.Scalar", lower_compare, Cmp::LE);
+LOWERING("aten::gt.Tensor", lower_compare, Cmp::GT);
+LOWERING("aten::gt.Scalar", lower_compare, Cmp::GT);
+LOWERING("aten::ge.Tensor", lower_compare, Cmp::GE);
+LOWERING("aten::ge.Scalar", lower_compare, Cmp::GE);
 
-LOWERING("aten::logical_and", lower_logical, "stablehlo.and", kTakesComplex);
-LOWERING("aten::logical_or", lower_logical, "stablehlo.or", kTakesComplex);
-LOWERING("aten::logical_xor", lower_logical, "stablehlo.xor", kTakesComplex);
+LOWERING("aten::logical_and", lower_logical, Hlo::And, kTakesComplex);
+LOWERING("aten::logical_or", lower_logical, Hlo::Or, kTakesComplex);
+LOWERING("aten::logical_xor", lower_logical, Hlo::Xor, kTakesComplex);
 LOWERING("aten::logical_not", lower_logical_not, nullptr, kTakesComplex);
 LOWERING("aten::where.self", lower_where, nullptr, kTakesComplex);
 
@@ -274,10 +279,10 @@ LOWERING("aten::threshold_backward", lower_threshold_backward);
 LOWERING("aten::fill.Scalar", lower_fill, nullptr, kTakesComplex);
 LOWERING("aten::fill.Tensor", lower_fill, nullptr, kTakesComplex);
 LOWERING("aten::zero", lower_fill, nullptr, kTakesComplex);
-LOWERING("aten::clone", lower_identity, "identity", kTakesComplex);
-LOWERING("aten::alias_copy", lower_identity, "identity", kTakesComplex);
-LOWERING("aten::lift_fresh_copy", lower_identity, "identity", kTakesComplex);
-LOWERING("aten::detach_copy", lower_identity, "identity", kTakesComplex);
+LOWERING("aten::clone", lower_identity, nullptr, kIdentity);
+LOWERING("aten::alias_copy", lower_identity, nullptr, kIdentity);
+LOWERING("aten::lift_fresh_copy", lower_identity, nullptr, kIdentity);
+LOWERING("aten::detach_copy", lower_identity, nullptr, kIdentity);
 
 }  // namespace
 }  // namespace torchtpu

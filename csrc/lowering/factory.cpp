@@ -7,15 +7,20 @@
 namespace torchtpu {
 namespace {
 
+// Which arange overload: arange(end), arange(start, end), arange(start, end, step).
+enum class Arange : uint8_t { End, Start, StartStep };
+// The bounds of arange, linspace and logspace decide the result's shape: compile-time constants.
+constexpr RuleFlags kStaticScalars{.static_scalars = true};
+
 // Float math for a factory: f64 outputs compute in f64, everything else in f32.
 DType compute_type(DType out) { return out == DType::Float64 ? DType::Float64 : DType::Float32; }
 
 // arange(end) / arange.start(start, end) / arange.start_step(start, end, step)
 void lower_arange(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string kind = rule_data(node);
-  const Arg* start = kind == "end" ? nullptr : &node.args[0];
-  const Arg* step = kind == "start_step" ? &node.args[2] : nullptr;
+  Arange kind = rule_param<Arange>(node);
+  const Arg* start = kind == Arange::End ? nullptr : &node.args[0];
+  const Arg* step = kind == Arange::StartStep ? &node.args[2] : nullptr;
   if (out.numel() == 0) {
     ctx.set_result(ctx.constant(0, out.dtype, out.shape));
     return;
@@ -26,13 +31,13 @@ void lower_arange(LoweringContext& ctx, const Node& node) {
   V i = ctx.iota(TensorType{out.shape, ct}, 0);
   if (step) {
     V s = integral ? ctx.constant_int(step->as_int(), ct, out.shape) : ctx.constant(step->as_double(), ct, out.shape);
-    i = ctx.binary("stablehlo.multiply", i, s);
+    i = ctx.binary(Hlo::Multiply, i, s);
   }
   if (start) {
     V s = integral ? ctx.constant_int(start->as_int(), ct, out.shape) : ctx.constant(start->as_double(), ct, out.shape);
-    i = ctx.binary("stablehlo.add", i, s);
+    i = ctx.binary(Hlo::Add, i, s);
   }
-  if (!integral && !is_floating(out.dtype)) i = ctx.unary("stablehlo.floor", i);
+  if (!integral && !is_floating(out.dtype)) i = ctx.unary(Hlo::Floor, i);
   ctx.set_result(ctx.convert(i, out.dtype));
 }
 
@@ -57,7 +62,7 @@ void lower_linspace(LoweringContext& ctx, const Node& node) {
     for (int64_t k = 0; k < steps; ++k)
       values += (k ? ", " : "") + std::to_string(static_cast<int64_t>(start + step * static_cast<double>(k)));
     TensorType t{{steps}, DType::Int64};
-    V c = ctx.emit("stablehlo.constant", {}, t, "value = dense<[" + values + "]> : " + t.mlir());
+    V c = ctx.emit(Hlo::Constant, {}, t, "value = dense<[" + values + "]> : " + t.mlir());
     ctx.set_result(ctx.convert(c, out.dtype));
     return;
   }
@@ -66,10 +71,10 @@ void lower_linspace(LoweringContext& ctx, const Node& node) {
   int64_t halfway = steps / 2;
   V i = ctx.iota(TensorType{out.shape, ct}, 0);
   V s = ctx.constant(step, ct, out.shape);
-  V low = ctx.binary("stablehlo.add", ctx.constant(start, ct, out.shape), ctx.binary("stablehlo.multiply", s, i));
-  V back = ctx.binary("stablehlo.subtract", ctx.constant(static_cast<double>(steps - 1), ct, out.shape), i);
-  V high = ctx.binary("stablehlo.subtract", ctx.constant(end, ct, out.shape), ctx.binary("stablehlo.multiply", s, back));
-  V first_half = ctx.compare("LT", i, ctx.constant(static_cast<double>(halfway), ct, out.shape));
+  V low = ctx.binary(Hlo::Add, ctx.constant(start, ct, out.shape), ctx.binary(Hlo::Multiply, s, i));
+  V back = ctx.binary(Hlo::Subtract, ctx.constant(static_cast<double>(steps - 1), ct, out.shape), i);
+  V high = ctx.binary(Hlo::Subtract, ctx.constant(end, ct, out.shape), ctx.binary(Hlo::Multiply, s, back));
+  V first_half = ctx.compare(Cmp::LT, i, ctx.constant(static_cast<double>(halfway), ct, out.shape));
   ctx.set_result(ctx.convert(ctx.select(first_half, low, high), out.dtype));
 }
 
@@ -96,7 +101,7 @@ void lower_logspace(LoweringContext& ctx, const Node& node) {
       values += (k ? ", " : "") + std::to_string(static_cast<int64_t>(std::pow(int_base, exponent)));
     }
     TensorType t{{steps}, DType::Int64};
-    V c = ctx.emit("stablehlo.constant", {}, t, "value = dense<[" + values + "]> : " + t.mlir());
+    V c = ctx.emit(Hlo::Constant, {}, t, "value = dense<[" + values + "]> : " + t.mlir());
     ctx.set_result(ctx.convert(c, out.dtype));
     return;
   }
@@ -104,27 +109,27 @@ void lower_logspace(LoweringContext& ctx, const Node& node) {
   auto k = [&](double v) { return ctx.constant(v, ct, out.shape); };
   V i = ctx.iota(TensorType{out.shape, ct}, 0);
   V s = k(step);
-  V low = ctx.binary("stablehlo.add", k(start), ctx.binary("stablehlo.multiply", s, i));
-  V back = ctx.binary("stablehlo.subtract", k(static_cast<double>(steps - 1)), i);
-  V high = ctx.binary("stablehlo.subtract", k(end), ctx.binary("stablehlo.multiply", s, back));
-  V exponent = ctx.select(ctx.compare("LT", i, k(static_cast<double>(halfway))), low, high);
+  V low = ctx.binary(Hlo::Add, k(start), ctx.binary(Hlo::Multiply, s, i));
+  V back = ctx.binary(Hlo::Subtract, k(static_cast<double>(steps - 1)), i);
+  V high = ctx.binary(Hlo::Subtract, k(end), ctx.binary(Hlo::Multiply, s, back));
+  V exponent = ctx.select(ctx.compare(Cmp::LT, i, k(static_cast<double>(halfway))), low, high);
   if (steps == 1) exponent = k(start);
-  ctx.set_result(ctx.convert(ctx.binary("stablehlo.power", k(base), exponent), out.dtype));
+  ctx.set_result(ctx.convert(ctx.binary(Hlo::Power, k(base), exponent), out.dtype));
 }
 
 // eye(n) / eye.m(n, m)
 void lower_eye(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   TensorType it{out.shape, DType::Int32};
-  V diag = ctx.compare("EQ", ctx.iota(it, 0), ctx.iota(it, 1));
+  V diag = ctx.compare(Cmp::EQ, ctx.iota(it, 0), ctx.iota(it, 1));
   ctx.set_result(ctx.convert(diag, out.dtype));
 }
 
-LOWERING("aten::arange", lower_arange, "end", /*static_scalars=*/true);
-LOWERING("aten::arange.start", lower_arange, "start", /*static_scalars=*/true);
-LOWERING("aten::arange.start_step", lower_arange, "start_step", /*static_scalars=*/true);
-LOWERING("aten::linspace", lower_linspace, nullptr, /*static_scalars=*/true);
-LOWERING("aten::logspace", lower_logspace, nullptr, /*static_scalars=*/true);
+LOWERING("aten::arange", lower_arange, Arange::End, kStaticScalars);
+LOWERING("aten::arange.start", lower_arange, Arange::Start, kStaticScalars);
+LOWERING("aten::arange.start_step", lower_arange, Arange::StartStep, kStaticScalars);
+LOWERING("aten::linspace", lower_linspace, nullptr, kStaticScalars);
+LOWERING("aten::logspace", lower_logspace, nullptr, kStaticScalars);
 LOWERING("aten::eye", lower_eye);
 LOWERING("aten::eye.m", lower_eye);
 

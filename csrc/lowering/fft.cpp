@@ -31,24 +31,31 @@ std::vector<int64_t> inverse_permutation(const std::vector<int64_t>& perm) {
   return inverse;
 }
 
-// One stablehlo.fft of `type` (FFT, IFFT, RFFT, IRFFT) over `dims` of x (at most 3, the last
-// one the halved dim of RFFT/IRFFT); `lengths` are the transform sizes (the real signal's).
-V fft_over(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims, const char* type,
+// stablehlo.fft's fft_type.
+enum class FftType : uint8_t { FFT, IFFT, RFFT, IRFFT };
+
+const char* fft_type_name(FftType type) {
+  static const char* const names[] = {"FFT", "IFFT", "RFFT", "IRFFT"};
+  return names[static_cast<size_t>(type)];
+}
+
+// One stablehlo.fft of `type` over `dims` of x (at most 3, the last one the halved dim of
+// RFFT/IRFFT); `lengths` are the transform sizes (the real signal's).
+V fft_over(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims, FftType type,
            const std::vector<int64_t>& lengths) {
   int64_t rank = x.type.rank();
   std::vector<int64_t> perm = dims_last_permutation(rank, dims);
   V moved = ctx.transpose(x, perm);
   TensorType result = moved.type;
-  std::string kind = type;
-  if (kind == "RFFT") {
+  if (type == FftType::RFFT) {
     result.dtype = complex_type_of(x.type.dtype);
     result.shape.back() = lengths.back() / 2 + 1;
-  } else if (kind == "IRFFT") {
+  } else if (type == FftType::IRFFT) {
     result.dtype = real_part_type(x.type.dtype);
     result.shape.back() = lengths.back();
   }
-  V y = ctx.emit("stablehlo.fft", {moved}, result,
-                 "fft_type = #stablehlo<fft_type " + kind + ">, fft_length = " + format_dims(lengths));
+  V y = ctx.emit(Hlo::Fft, {moved}, result,
+                 std::string("fft_type = #stablehlo<fft_type ") + fft_type_name(type) + ">, fft_length = " + format_dims(lengths));
   return ctx.transpose(y, inverse_permutation(perm));
 }
 
@@ -58,7 +65,7 @@ V c2c_over(LoweringContext& ctx, V x, const std::vector<int64_t>& dims, bool for
     std::vector<int64_t> group(dims.begin() + start, dims.begin() + std::min(dims.size(), start + kMaxFftRank));
     std::vector<int64_t> lengths;
     for (int64_t d : group) lengths.push_back(x.type.shape[d]);
-    x = fft_over(ctx, x, group, forward ? "FFT" : "IFFT", lengths);
+    x = fft_over(ctx, x, group, forward ? FftType::FFT : FftType::IFFT, lengths);
   }
   return x;
 }
@@ -71,7 +78,7 @@ V normalize(LoweringContext& ctx, const V& x, const Node& node, int norm_arg, in
   double scale = norm == FftNorm::none ? 1.0 : norm == FftNorm::by_root_n ? 1.0 / std::sqrt(n) : 1.0 / n;
   if (xla_inverse) scale *= n;
   if (scale == 1.0) return x;
-  return ctx.binary("stablehlo.multiply", x, ctx.constant(scale, x.type.dtype, x.type.shape));
+  return ctx.binary(Hlo::Multiply, x, ctx.constant(scale, x.type.dtype, x.type.shape));
 }
 
 int64_t signal_numel(const std::vector<int64_t>& shape, const std::vector<int64_t>& dims) {
@@ -104,7 +111,7 @@ void lower_fft_r2c(LoweringContext& ctx, const Node& node) {
     std::vector<int64_t> leading(dims.begin(), dims.begin() + split), trailing(dims.begin() + split, dims.end());
     std::vector<int64_t> lengths;
     for (int64_t d : trailing) lengths.push_back(x.type.shape[d]);
-    y = c2c_over(ctx, fft_over(ctx, x, trailing, "RFFT", lengths), leading, true);
+    y = c2c_over(ctx, fft_over(ctx, x, trailing, FftType::RFFT, lengths), leading, true);
   }
   ctx.set_result(normalize(ctx, y, node, 2, signal_numel(x.type.shape, dims), false));
 }
@@ -120,7 +127,7 @@ void lower_fft_c2r(LoweringContext& ctx, const Node& node) {
   V y = c2c_over(ctx, x, leading, false);
   std::vector<int64_t> lengths;
   for (int64_t d : trailing) lengths.push_back(out.shape[d]);
-  y = fft_over(ctx, y, trailing, "IRFFT", lengths);
+  y = fft_over(ctx, y, trailing, FftType::IRFFT, lengths);
   ctx.set_result(normalize(ctx, y, node, 2, signal_numel(out.shape, dims), true));
 }
 

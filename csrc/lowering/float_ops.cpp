@@ -20,11 +20,11 @@ DType bits_dtype(DType dt) {
 int bit_width(DType dt) { return dt == DType::Float64 ? 64 : dt == DType::Float32 ? 32 : 16; }
 
 V to_bits(LoweringContext& ctx, const V& x) {
-  return ctx.emit("stablehlo.bitcast_convert", {x}, TensorType{x.type.shape, bits_dtype(x.type.dtype)});
+  return ctx.emit(Hlo::BitcastConvert, {x}, TensorType{x.type.shape, bits_dtype(x.type.dtype)});
 }
 
 V from_bits(LoweringContext& ctx, const V& bits, DType dt) {
-  return ctx.emit("stablehlo.bitcast_convert", {bits}, TensorType{bits.type.shape, dt});
+  return ctx.emit(Hlo::BitcastConvert, {bits}, TensorType{bits.type.shape, dt});
 }
 
 // The sign bit as a mask of the integer type (its lowest value).
@@ -42,9 +42,9 @@ void lower_copysign(LoweringContext& ctx, const Node& node) {
   V b = tensor_or_scalar(ctx, node, 1, out.dtype, out.shape);
   DType it = bits_dtype(out.dtype);
   V mask = sign_mask(ctx, it, out.shape);
-  V magnitude = ctx.binary("stablehlo.and", to_bits(ctx, a), ctx.unary("stablehlo.not", mask));
-  V sign = ctx.binary("stablehlo.and", to_bits(ctx, b), mask);
-  ctx.set_result(from_bits(ctx, ctx.binary("stablehlo.or", magnitude, sign), out.dtype));
+  V magnitude = ctx.binary(Hlo::And, to_bits(ctx, a), ctx.unary(Hlo::Not, mask));
+  V sign = ctx.binary(Hlo::And, to_bits(ctx, b), mask);
+  ctx.set_result(from_bits(ctx, ctx.binary(Hlo::Or, magnitude, sign), out.dtype));
 }
 
 // signbit(self): the sign bit of floats; x < 0 for integers.
@@ -52,11 +52,11 @@ void lower_signbit(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
   if (!is_floating(x.type.dtype)) {
-    ctx.set_result(ctx.compare("LT", x, ctx.constant_int(0, x.type.dtype, x.type.shape)));
+    ctx.set_result(ctx.compare(Cmp::LT, x, ctx.constant_int(0, x.type.dtype, x.type.shape)));
     return;
   }
   V bits = to_bits(ctx, x);
-  ctx.set_result(ctx.compare("LT", bits, ctx.constant_int(0, bits.type.dtype, out.shape)));
+  ctx.set_result(ctx.compare(Cmp::LT, bits, ctx.constant_int(0, bits.type.dtype, out.shape)));
 }
 
 // The bit layout of a float type.
@@ -83,21 +83,21 @@ struct Bits {
   Layout layout;
 
   V k(int64_t v) const { return ctx.constant_int(v, it, shape); }
-  V op(const char* name, const V& a, const V& b) const { return ctx.binary(name, a, b); }
+  V op(Hlo name, const V& a, const V& b) const { return ctx.binary(name, a, b); }
   int64_t magnitude_mask() const { return layout.width == 64 ? std::numeric_limits<int64_t>::max()
                                           : (int64_t(1) << (layout.width - 1)) - 1; }
-  V magnitude(const V& bits) const { return op("stablehlo.and", bits, k(magnitude_mask())); }
-  V is_zero(const V& bits) const { return ctx.compare("EQ", magnitude(bits), k(0)); }
+  V magnitude(const V& bits) const { return op(Hlo::And, bits, k(magnitude_mask())); }
+  V is_zero(const V& bits) const { return ctx.compare(Cmp::EQ, magnitude(bits), k(0)); }
   V is_nan(const V& bits) const {
-    return ctx.compare("GT", magnitude(bits), k(layout.exponent_mask << layout.mantissa_bits));
+    return ctx.compare(Cmp::GT, magnitude(bits), k(layout.exponent_mask << layout.mantissa_bits));
   }
   V is_inf_or_nan(const V& bits) const {
-    return ctx.compare("GE", magnitude(bits), k(layout.exponent_mask << layout.mantissa_bits));
+    return ctx.compare(Cmp::GE, magnitude(bits), k(layout.exponent_mask << layout.mantissa_bits));
   }
   // Bits reordered so that integer order is float order (-0 just below +0).
   V ordered(const V& bits) const {
-    V sign_fill = op("stablehlo.shift_right_arithmetic", bits, k(layout.width - 1));
-    return op("stablehlo.xor", bits, op("stablehlo.and", sign_fill, k(magnitude_mask())));
+    V sign_fill = op(Hlo::ShiftRightArithmetic, bits, k(layout.width - 1));
+    return op(Hlo::Xor, bits, op(Hlo::And, sign_fill, k(magnitude_mask())));
   }
 };
 
@@ -114,23 +114,23 @@ void lower_frexp(LoweringContext& ctx, const Node& node) {
   const Layout& l = b.layout;
   int64_t bias = (l.exponent_mask >> 1) - 1;  // frexp's: 0.5 <= |m| < 1
   V bits = to_bits(ctx, x);
-  V field = b.op("stablehlo.and", b.op("stablehlo.shift_right_logical", bits, b.k(l.mantissa_bits)), b.k(l.exponent_mask));
+  V field = b.op(Hlo::And, b.op(Hlo::ShiftRightLogical, bits, b.k(l.mantissa_bits)), b.k(l.exponent_mask));
   int64_t fraction_mask = (int64_t(1) << l.mantissa_bits) - 1;
-  V fraction = b.op("stablehlo.and", bits, b.k(fraction_mask));
-  V sign = b.op("stablehlo.and", bits, b.k(~b.magnitude_mask()));
+  V fraction = b.op(Hlo::And, bits, b.k(fraction_mask));
+  V sign = b.op(Hlo::And, bits, b.k(~b.magnitude_mask()));
   // Normal: exponent = field - bias, fraction kept.
-  V exponent = b.op("stablehlo.subtract", field, b.k(bias));
+  V exponent = b.op(Hlo::Subtract, field, b.k(bias));
   // Subnormal (field 0): the highest set fraction bit p becomes the implicit one.
-  V leading = ctx.unary("stablehlo.count_leading_zeros", fraction);
-  V p = b.op("stablehlo.subtract", b.k(l.width - 1), leading);
-  V sub_exponent = b.op("stablehlo.subtract", p, b.k(l.mantissa_bits + bias - 1));
-  V shift = b.op("stablehlo.subtract", b.k(l.mantissa_bits), p);
-  V sub_fraction = b.op("stablehlo.and", b.op("stablehlo.shift_left", fraction, shift), b.k(fraction_mask));
-  V subnormal = ctx.compare("EQ", field, b.k(0));
+  V leading = ctx.unary(Hlo::CountLeadingZeros, fraction);
+  V p = b.op(Hlo::Subtract, b.k(l.width - 1), leading);
+  V sub_exponent = b.op(Hlo::Subtract, p, b.k(l.mantissa_bits + bias - 1));
+  V shift = b.op(Hlo::Subtract, b.k(l.mantissa_bits), p);
+  V sub_fraction = b.op(Hlo::And, b.op(Hlo::ShiftLeft, fraction, shift), b.k(fraction_mask));
+  V subnormal = ctx.compare(Cmp::EQ, field, b.k(0));
   exponent = ctx.select(subnormal, sub_exponent, exponent);
   fraction = ctx.select(subnormal, sub_fraction, fraction);
-  V mantissa_bits = b.op("stablehlo.or", b.op("stablehlo.or", sign, b.k(bias << l.mantissa_bits)), fraction);
-  V special = ctx.binary("stablehlo.or", b.is_zero(bits), b.is_inf_or_nan(bits));
+  V mantissa_bits = b.op(Hlo::Or, b.op(Hlo::Or, sign, b.k(bias << l.mantissa_bits)), fraction);
+  V special = ctx.binary(Hlo::Or, b.is_zero(bits), b.is_inf_or_nan(bits));
   V mantissa = ctx.select(special, x, from_bits(ctx, mantissa_bits, out.dtype));
   exponent = ctx.select(special, b.k(0), exponent);
   ctx.set_results({mantissa, ctx.convert(exponent, ctx.out(node, 1).dtype)});
@@ -146,17 +146,17 @@ void lower_nextafter(LoweringContext& ctx, const Node& node) {
   Bits b = bits_of(ctx, out.dtype, out.shape);
   V a_bits = to_bits(ctx, a), c_bits = to_bits(ctx, c);
   V a_order = b.ordered(a_bits), c_order = b.ordered(c_bits);
-  V up = ctx.compare("LT", a_order, c_order);
-  V stepped = ctx.select(up, b.op("stablehlo.add", a_order, b.k(1)), b.op("stablehlo.subtract", a_order, b.k(1)));
+  V up = ctx.compare(Cmp::LT, a_order, c_order);
+  V stepped = ctx.select(up, b.op(Hlo::Add, a_order, b.k(1)), b.op(Hlo::Subtract, a_order, b.k(1)));
   V r = b.ordered(stepped);  // the reordering is its own inverse
-  V tiny = ctx.select(ctx.compare("LT", c_bits, b.k(0)), b.k(~b.magnitude_mask() | 1), b.k(1));
+  V tiny = ctx.select(ctx.compare(Cmp::LT, c_bits, b.k(0)), b.k(~b.magnitude_mask() | 1), b.k(1));
   r = ctx.select(b.is_zero(a_bits), tiny, r);
-  V equal = ctx.binary("stablehlo.or", ctx.compare("EQ", a_bits, c_bits),
-                       ctx.binary("stablehlo.and", b.is_zero(a_bits), b.is_zero(c_bits)));
+  V equal = ctx.binary(Hlo::Or, ctx.compare(Cmp::EQ, a_bits, c_bits),
+                       ctx.binary(Hlo::And, b.is_zero(a_bits), b.is_zero(c_bits)));
   r = ctx.select(equal, c_bits, r);
   V result = from_bits(ctx, r, out.dtype);
-  V nan = ctx.binary("stablehlo.or", b.is_nan(a_bits), b.is_nan(c_bits));
-  ctx.set_result(ctx.select(nan, ctx.binary("stablehlo.add", a, c), result));
+  V nan = ctx.binary(Hlo::Or, b.is_nan(a_bits), b.is_nan(c_bits));
+  ctx.set_result(ctx.select(nan, ctx.binary(Hlo::Add, a, c), result));
 }
 
 // heaviside(self, values): values where self == 0, else self > 0 (by the bits, so a
@@ -167,12 +167,12 @@ void lower_heaviside(LoweringContext& ctx, const Node& node) {
   V values = to_type(ctx, ctx.input(node, 1), out.dtype, out.shape);
   if (!is_floating(out.dtype)) {
     V zero = ctx.constant(0, out.dtype, out.shape);
-    ctx.set_result(ctx.select(ctx.compare("EQ", x, zero), values, ctx.convert(ctx.compare("GT", x, zero), out.dtype)));
+    ctx.set_result(ctx.select(ctx.compare(Cmp::EQ, x, zero), values, ctx.convert(ctx.compare(Cmp::GT, x, zero), out.dtype)));
     return;
   }
   Bits b = bits_of(ctx, out.dtype, out.shape);
   V bits = to_bits(ctx, x);
-  V positive = ctx.binary("stablehlo.and", ctx.compare("GT", bits, b.k(0)), ctx.unary("stablehlo.not", b.is_nan(bits)));
+  V positive = ctx.binary(Hlo::And, ctx.compare(Cmp::GT, bits, b.k(0)), ctx.unary(Hlo::Not, b.is_nan(bits)));
   ctx.set_result(ctx.select(b.is_zero(bits), values, ctx.convert(positive, out.dtype)));
 }
 
@@ -184,13 +184,13 @@ void lower_hypot(LoweringContext& ctx, const Node& node) {
   DType dt = compute_dtype(out.dtype);
   if (dt == DType::Float32 && ctx.has_float64()) dt = DType::Float64;
   Ex e = operands_ex(ctx, out, dt);
-  V a = e.un("stablehlo.abs", e.arg(node, 0)), b = e.un("stablehlo.abs", e.arg(node, 1));
+  V a = e.un(Hlo::Abs, e.arg(node, 0)), b = e.un(Hlo::Abs, e.arg(node, 1));
   V hi = e.max(a, b), lo = e.min(a, b);
   V ratio = e.div(lo, hi);
-  V r = e.mul(hi, e.un("stablehlo.sqrt", e.add(e.k(1.0), e.mul(ratio, ratio))));
-  r = e.sel(e.cmp("EQ", hi, e.k(0.0)), e.k(0.0), r);
+  V r = e.mul(hi, e.un(Hlo::Sqrt, e.add(e.k(1.0), e.mul(ratio, ratio))));
+  r = e.sel(e.cmp(Cmp::EQ, hi, e.k(0.0)), e.k(0.0), r);
   V inf = e.k(std::numeric_limits<double>::infinity());
-  r = e.sel(e.bor(e.cmp("EQ", a, inf), e.cmp("EQ", b, inf)), inf, r);
+  r = e.sel(e.bor(e.cmp(Cmp::EQ, a, inf), e.cmp(Cmp::EQ, b, inf)), inf, r);
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 

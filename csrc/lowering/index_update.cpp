@@ -34,8 +34,8 @@ void lower_put(LoweringContext& ctx, const Node& node) {
   V pos = ctx.reshape(checked_index(ctx, index, x.type.numel(), DType::Int64, &check), {n});
   V source = ctx.reshape(ctx.convert(ctx.input(node, 2), x.type.dtype), {n});
   bool accumulate = node.args[3].as_bool();
-  const char* add = x.type.dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add";
-  ctx.set_result(scatter_linear(ctx, x, pos, source, accumulate ? add : nullptr));
+  Hlo add = x.type.dtype == DType::Bool ? Hlo::Or : Hlo::Add;
+  ctx.set_result(scatter_linear(ctx, x, pos, source, accumulate ? std::optional<Hlo>(add) : std::nullopt));
 }
 
 // Linear positions into `self_shape` of the elements of a source whose slices along dim go
@@ -47,8 +47,8 @@ V slice_positions(LoweringContext& ctx, const std::vector<int64_t>& self_shape, 
   coefs[dim] = 0;
   V total = affine_index(ctx, source_shape, coefs, 0, DType::Int64);
   V along = checked_index(ctx, ctx.reshape(index, {source_shape[dim]}), self_shape[dim], DType::Int64, &check);
-  along = ctx.binary("stablehlo.multiply", along, ctx.constant_int(strides[dim], DType::Int64, along.type.shape));
-  return ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(along, source_shape, {dim}));
+  along = ctx.binary(Hlo::Multiply, along, ctx.constant_int(strides[dim], DType::Int64, along.type.shape));
+  return ctx.binary(Hlo::Add, total, ctx.broadcast_in_dim(along, source_shape, {dim}));
 }
 
 // A 0-d self or source is one slice of one element.
@@ -72,7 +72,7 @@ void lower_index_fill(LoweringContext& ctx, const Node& node) {
   V slots = ctx.broadcast_in_dim(ctx.iota(TensorType{{size}, DType::Int64}, 0), {size, k}, {0});
   IndexCheck check = bounds_check(dim, size, true, RuntimeCheck::Error::Index);
   V named = ctx.broadcast_in_dim(checked_index(ctx, index, size, DType::Int64, &check), {size, k}, {1});
-  V selected = ctx.reduce(ctx.compare("EQ", slots, named), {1}, ctx.constant_int(0, DType::Bool), "stablehlo.or");
+  V selected = ctx.reduce(ctx.compare(Cmp::EQ, slots, named), {1}, ctx.constant_int(0, DType::Bool), Hlo::Or);
   V mask = ctx.broadcast_in_dim(selected, shape, {dim});
   V filled = ctx.select(mask, ctx.broadcast_to(value, shape), ctx.reshape(x, shape));
   ctx.set_result(ctx.reshape(filled, out.shape));
@@ -108,10 +108,10 @@ void lower_index_reduce(LoweringContext& ctx, const Node& node) {
   V base = ctx.reshape(x, shape);
   V updates = ctx.reshape(source, source_shape);
   bool is_bool = dt == DType::Bool;
-  const char* combine = reduce == "prod" ? (is_bool ? "stablehlo.and" : "stablehlo.multiply")
-                        : reduce == "amax" ? (is_bool ? "stablehlo.or" : "stablehlo.maximum")
-                        : reduce == "amin" ? (is_bool ? "stablehlo.and" : "stablehlo.minimum")
-                                           : (is_bool ? "stablehlo.or" : "stablehlo.add");
+  Hlo combine = reduce == "prod" ? (is_bool ? Hlo::And : Hlo::Multiply)
+                        : reduce == "amax" ? (is_bool ? Hlo::Or : Hlo::Maximum)
+                        : reduce == "amin" ? (is_bool ? Hlo::And : Hlo::Minimum)
+                                           : (is_bool ? Hlo::Or : Hlo::Add);
   if (!include_self) {
     V identity = reduce == "prod" ? ctx.constant(1, dt) : reduce == "amax" ? lowest_scalar(ctx, dt)
                  : reduce == "amin" ? highest_scalar(ctx, dt) : ctx.constant(0, dt);
@@ -120,14 +120,14 @@ void lower_index_reduce(LoweringContext& ctx, const Node& node) {
   V r = scatter_linear(ctx, base, pos, updates, combine);
   if (reduce == "mean") {
     V count = ctx.constant(include_self ? 1 : 0, dt, shape);
-    count = scatter_linear(ctx, count, pos, ctx.constant(1, dt, source_shape), "stablehlo.add");
+    count = scatter_linear(ctx, count, pos, ctx.constant(1, dt, source_shape), Hlo::Add);
     V zero = ctx.constant(0, dt, shape);
-    count = ctx.select(ctx.compare("EQ", count, zero), ctx.constant(1, dt, shape), count);
-    V q = ctx.binary("stablehlo.divide", r, count);
+    count = ctx.select(ctx.compare(Cmp::EQ, count, zero), ctx.constant(1, dt, shape), count);
+    V q = ctx.binary(Hlo::Divide, r, count);
     if (!is_floating(dt)) {
-      V rem = ctx.binary("stablehlo.remainder", r, count);
-      V adjust = ctx.binary("stablehlo.and", ctx.compare("NE", rem, zero), ctx.compare("LT", rem, zero));
-      q = ctx.select(adjust, ctx.binary("stablehlo.subtract", q, ctx.constant(1, dt, shape)), q);
+      V rem = ctx.binary(Hlo::Remainder, r, count);
+      V adjust = ctx.binary(Hlo::And, ctx.compare(Cmp::NE, rem, zero), ctx.compare(Cmp::LT, rem, zero));
+      q = ctx.select(adjust, ctx.binary(Hlo::Subtract, q, ctx.constant(1, dt, shape)), q);
     }
     r = q;
   }

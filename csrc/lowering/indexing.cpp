@@ -13,10 +13,12 @@ namespace {
 
 // The _unsafe_ variants (used by PyTorch's decompositions, whose indices are in range by
 // construction) skip the runtime check.
-bool checked(const Node& node) {
-  const char* data = rule_data(node);
-  return !data || std::string(data) != "unchecked";
-}
+enum class Indices : uint8_t { Checked, Unchecked };
+
+bool checked(const Node& node) { return rule_param<Indices>(node) == Indices::Checked; }
+
+// scatter takes a reduce argument (or none: assign); scatter_add always adds.
+enum class Scatter : uint8_t { FromArgument, Add };
 
 std::vector<int64_t> broadcast_shapes(const std::vector<std::vector<int64_t>>& shapes) {
   size_t rank = 0;
@@ -236,7 +238,7 @@ void lower_scatter(LoweringContext& ctx, const Node& node) {
   V index = ctx.input(node, 2);
   V updates = scatter_updates(ctx, node, 3, index, x.type.dtype);
   const char* combine = nullptr;
-  if (rule_data(node)) combine = combiner(rule_data(node), x.type.dtype);
+  if (rule_param<Scatter>(node) == Scatter::Add) combine = combiner("add", x.type.dtype);
   if (node.args.size() > 4 && node.args[4].kind == Arg::Kind::String) combine = combiner(node.args[4].s, x.type.dtype);
   ctx.set_result(scatter_linear(ctx, x, along_dim_positions(ctx, x, dim, index), updates, combine));
 }
@@ -496,20 +498,20 @@ void lower_one_hot(LoweringContext& ctx, const Node& node) {
 
 LOWERING("aten::one_hot", lower_one_hot);
 // index.Tensor's meta kernel checks its indices' dtypes as CPU does; index_put's does not.
-LOWERING("aten::index.Tensor", lower_index, nullptr, kTakesComplex);
+LOWERING("aten::index.Tensor", lower_index, Indices::Checked, kTakesComplex);
 // "_unsafe_index found unexpected index type Byte": no masks.
-LOWERING("aten::_unsafe_index.Tensor", lower_index, "unchecked", RuleFlags{.complex = true, .index_arg = 1, .index_refuses = kIndexNotInt});
+LOWERING("aten::_unsafe_index.Tensor", lower_index, Indices::Unchecked, RuleFlags{.complex = true, .index_arg = 1, .index_refuses = kIndexNotInt});
 constexpr RuleFlags kIndexPut{.complex = true, .index_arg = 1, .index_refuses = kIndicesNotIntOrBool};
-LOWERING("aten::index_put", lower_index_put, nullptr, kIndexPut);
-LOWERING("aten::_index_put_impl", lower_index_put, nullptr, kIndexPut);
-LOWERING("aten::_unsafe_index_put", lower_index_put, "unchecked", kIndexPut);
+LOWERING("aten::index_put", lower_index_put, Indices::Checked, kIndexPut);
+LOWERING("aten::_index_put_impl", lower_index_put, Indices::Checked, kIndexPut);
+LOWERING("aten::_unsafe_index_put", lower_index_put, Indices::Unchecked, kIndexPut);
 LOWERING("aten::index_select", lower_index_select, nullptr, RuleFlags{.complex = true, .index_arg = 2, .index_refuses = kIndexNotInt});
 LOWERING("aten::gather", lower_gather, nullptr, kTakesComplex);
-LOWERING("aten::scatter.src", lower_scatter, nullptr, kTakesComplex);
-LOWERING("aten::scatter.value", lower_scatter, nullptr, kTakesComplex);
-LOWERING("aten::scatter.reduce", lower_scatter, nullptr, kTakesComplex);
-LOWERING("aten::scatter.value_reduce", lower_scatter, nullptr, kTakesComplex);
-LOWERING("aten::scatter_add", lower_scatter, "add", kTakesComplex);
+LOWERING("aten::scatter.src", lower_scatter, Scatter::FromArgument, kTakesComplex);
+LOWERING("aten::scatter.value", lower_scatter, Scatter::FromArgument, kTakesComplex);
+LOWERING("aten::scatter.reduce", lower_scatter, Scatter::FromArgument, kTakesComplex);
+LOWERING("aten::scatter.value_reduce", lower_scatter, Scatter::FromArgument, kTakesComplex);
+LOWERING("aten::scatter_add", lower_scatter, Scatter::Add, kTakesComplex);
 LOWERING("aten::scatter_reduce.two", lower_scatter_reduce, nullptr, kNoBool);
 LOWERING("aten::index_add", lower_index_add, nullptr, RuleFlags{.complex = true, .index_arg = 2, .index_refuses = kIndexNotInt});
 LOWERING("aten::masked_fill.Scalar", lower_masked_fill, nullptr, kTakesComplex);

@@ -4,14 +4,14 @@
 // expanders on CPU and TPU, cuSOLVER / cuBLAS on GPU). The other factorizations (LU, QR,
 // eigh, SVD, ...) come from JAX's linalg lowerings: torchtpu/_linalg.py.
 //
-// The rule data "linalg" tells the device layer that these ops take float32 / float64 only
-// (PyTorch's CPU and CUDA kernels raise for other dtypes; the CPU kernel raises that error).
+// RuleFlags::float32_or_float64 tells the device layer that these ops take float32 / float64
+// only (PyTorch's CPU and CUDA kernels raise for other dtypes; the CPU kernel raises that error).
 #include "lowering/common.h"
 
 namespace torchtpu {
 namespace {
 
-constexpr const char* kLinalg = "linalg";
+constexpr RuleFlags kLinalg{.float32_or_float64 = true};
 
 std::vector<int64_t> batch_of(const std::vector<int64_t>& shape) {
   return std::vector<int64_t>(shape.begin(), shape.end() - 2);
@@ -45,13 +45,13 @@ V triangular_solve(LoweringContext& ctx, const V& a, const V& b, bool left_side,
                       ", lower = " + (lower ? "true" : "false") +
                       ", unit_diagonal = " + (unit_diagonal ? "true" : "false") +
                       ", transpose_a = #stablehlo<transpose " + (transpose_a ? "TRANSPOSE" : "NO_TRANSPOSE") + ">";
-  return ctx.emit("stablehlo.triangular_solve", {a, b}, b.type, attrs);
+  return ctx.emit(Hlo::TriangularSolve, {a, b}, b.type, attrs);
 }
 
 // The lower (L L^T) or upper (U^T U) Cholesky factor of a, read from that triangle of a as
 // LAPACK does; the other triangle is zeroed (StableHLO leaves it undefined).
 V cholesky_factor(LoweringContext& ctx, const V& a, bool upper) {
-  V factor = ctx.emit("stablehlo.cholesky", {a}, a.type, upper ? "lower = false" : "lower = true");
+  V factor = ctx.emit(Hlo::Cholesky, {a}, a.type, upper ? "lower = false" : "lower = true");
   return keep_triangle(ctx, factor, !upper);
 }
 
@@ -69,21 +69,21 @@ std::vector<V> eliminate_step(LoweringContext& ctx, const V& k, const V& m, cons
   std::vector<int64_t> vector_shape = without_last(shape);
   TensorType index{shape, DType::Int64};
   V k_matrix = ctx.broadcast_to(k, shape);
-  V is_row = ctx.compare("EQ", ctx.iota(index, r - 2), k_matrix);
-  V is_col = ctx.compare("EQ", ctx.iota(index, r - 1), k_matrix);
+  V is_row = ctx.compare(Cmp::EQ, ctx.iota(index, r - 2), k_matrix);
+  V is_col = ctx.compare(Cmp::EQ, ctx.iota(index, r - 1), k_matrix);
   V zero = ctx.constant(0, m.type.dtype, shape);
   V zero_scalar = ctx.constant(0, m.type.dtype);
-  V row = ctx.reduce(ctx.select(is_row, m, zero), {r - 2}, zero_scalar, "stablehlo.add");  // m[k, :]
-  V col = ctx.reduce(ctx.select(is_col, m, zero), {r - 1}, zero_scalar, "stablehlo.add");  // m[:, k]
-  V at_pivot = ctx.emit("stablehlo.and", {is_row, is_col}, is_row.type);
-  V pivot = ctx.reduce(ctx.select(at_pivot, m, zero), {r - 2, r - 1}, zero_scalar, "stablehlo.add");
-  V not_positive = ctx.emit("stablehlo.not", {ctx.compare("GT", pivot, ctx.constant(0, m.type.dtype, pivot.type.shape))},
+  V row = ctx.reduce(ctx.select(is_row, m, zero), {r - 2}, zero_scalar, Hlo::Add);  // m[k, :]
+  V col = ctx.reduce(ctx.select(is_col, m, zero), {r - 1}, zero_scalar, Hlo::Add);  // m[:, k]
+  V at_pivot = ctx.emit(Hlo::And, {is_row, is_col}, is_row.type);
+  V pivot = ctx.reduce(ctx.select(at_pivot, m, zero), {r - 2, r - 1}, zero_scalar, Hlo::Add);
+  V not_positive = ctx.emit(Hlo::Not, {ctx.compare(Cmp::GT, pivot, ctx.constant(0, m.type.dtype, pivot.type.shape))},
                             TensorType{pivot.type.shape, DType::Bool});
-  V unset = ctx.compare("EQ", info, ctx.constant_int(0, DType::Int32, info.type.shape));
-  V order = ctx.broadcast_to(ctx.convert(ctx.binary("stablehlo.add", k, ctx.constant_int(1, DType::Int64)), DType::Int32),
+  V unset = ctx.compare(Cmp::EQ, info, ctx.constant_int(0, DType::Int32, info.type.shape));
+  V order = ctx.broadcast_to(ctx.convert(ctx.binary(Hlo::Add, k, ctx.constant_int(1, DType::Int64)), DType::Int32),
                              info.type.shape);
-  V new_info = ctx.select(ctx.emit("stablehlo.and", {not_positive, unset}, unset.type), order, info);
-  V after = ctx.compare("GT", ctx.iota(TensorType{vector_shape, DType::Int64}, r - 2), ctx.broadcast_to(k, vector_shape));
+  V new_info = ctx.select(ctx.emit(Hlo::And, {not_positive, unset}, unset.type), order, info);
+  V after = ctx.compare(Cmp::GT, ctx.iota(TensorType{vector_shape, DType::Int64}, r - 2), ctx.broadcast_to(k, vector_shape));
   V zero_vector = ctx.constant(0, m.type.dtype, vector_shape);
   std::vector<int64_t> rows_dims, cols_dims;
   for (int64_t d = 0; d < r - 2; ++d) {
@@ -95,8 +95,8 @@ std::vector<V> eliminate_step(LoweringContext& ctx, const V& k, const V& m, cons
   V u = ctx.broadcast_in_dim(ctx.select(after, col, zero_vector), shape, rows_dims);
   V v = ctx.broadcast_in_dim(ctx.select(after, row, zero_vector), shape, cols_dims);
   V p = ctx.broadcast_in_dim(pivot, shape, std::vector<int64_t>(rows_dims.begin(), rows_dims.end() - 1));
-  V update = ctx.binary("stablehlo.divide", ctx.binary("stablehlo.multiply", u, v), p);
-  return {ctx.binary("stablehlo.subtract", m, update), new_info};
+  V update = ctx.binary(Hlo::Divide, ctx.binary(Hlo::Multiply, u, v), p);
+  return {ctx.binary(Hlo::Subtract, m, update), new_info};
 }
 
 // LAPACK potrf's info: the order of the first leading minor that is not positive definite,
@@ -108,8 +108,8 @@ V cholesky_info(LoweringContext& ctx, const V& a, const V& factor, bool upper, c
   int64_t r = a.type.rank(), n = a.type.shape[r - 1];
   std::vector<int64_t> all_dims(r);
   for (int64_t d = 0; d < r; ++d) all_dims[d] = d;
-  V nan = ctx.compare("NE", factor, factor);
-  V failed = ctx.reduce(nan, all_dims, ctx.constant(0, DType::Bool), "stablehlo.or");
+  V nan = ctx.compare(Cmp::NE, factor, factor);
+  V failed = ctx.reduce(nan, all_dims, ctx.constant(0, DType::Bool), Hlo::Or);
   TensorType index_scalar{{}, DType::Int64};
   std::string on_failure = ctx.region({}, [&](const std::vector<V>&) {
     TensorType index{a.type.shape, DType::Int64};
@@ -121,19 +121,19 @@ V cholesky_info(LoweringContext& ctx, const V& a, const V& factor, bool upper, c
     std::vector<V> init = {ctx.constant_int(0, DType::Int64), symmetric, ctx.constant_int(0, DType::Int32, info_type.shape)};
     std::vector<TensorType> types = {index_scalar, a.type, info_type};
     std::string cond = ctx.region(types, [&](const std::vector<V>& state) {
-      return std::vector<V>{ctx.compare("LT", state[0], ctx.constant_int(n, DType::Int64))};
+      return std::vector<V>{ctx.compare(Cmp::LT, state[0], ctx.constant_int(n, DType::Int64))};
     });
     std::string body = ctx.region(types, [&](const std::vector<V>& state) {
       std::vector<V> next = eliminate_step(ctx, state[0], state[1], state[2]);
-      V k = ctx.binary("stablehlo.add", state[0], ctx.constant_int(1, DType::Int64));
+      V k = ctx.binary(Hlo::Add, state[0], ctx.constant_int(1, DType::Int64));
       return std::vector<V>{k, next[0], next[1]};
     });
-    return std::vector<V>{ctx.emit_multi("stablehlo.while", init, types, "", cond + ", " + body)[2]};
+    return std::vector<V>{ctx.emit_multi(Hlo::While, init, types, "", cond + ", " + body)[2]};
   });
   std::string on_success = ctx.region({}, [&](const std::vector<V>&) {
     return std::vector<V>{ctx.constant_int(0, DType::Int32, info_type.shape)};
   });
-  return ctx.emit("stablehlo.if", {failed}, info_type, "", on_failure + ", " + on_success);
+  return ctx.emit(Hlo::If, {failed}, info_type, "", on_failure + ", " + on_success);
 }
 
 // linalg_cholesky_ex(self, *, upper, check_errors) -> (L, info); cholesky(self, upper) -> L.
@@ -166,7 +166,7 @@ void lower_cholesky_inverse(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V factor = ctx.input(node, 0);
   int64_t r = out.rank();
-  V identity = ctx.convert(ctx.compare("EQ", ctx.iota(TensorType{out.shape, DType::Int32}, r - 2),
+  V identity = ctx.convert(ctx.compare(Cmp::EQ, ctx.iota(TensorType{out.shape, DType::Int32}, r - 2),
                                        ctx.iota(TensorType{out.shape, DType::Int32}, r - 1)),
                            out.dtype);
   ctx.set_result(solve_with_factor(ctx, factor, identity, node.args.at(1).as_bool()));
@@ -191,12 +191,12 @@ void lower_triangular_solve(LoweringContext& ctx, const Node& node) {
   ctx.set_results({triangular_solve(ctx, a, b, true, !upper, unit, transpose), a});
 }
 
-LOWERING("aten::linalg_cholesky_ex", lower_cholesky, kLinalg);
-LOWERING("aten::cholesky", lower_cholesky, kLinalg);
-LOWERING("aten::_cholesky_solve_helper", lower_cholesky_solve, kLinalg);
-LOWERING("aten::cholesky_inverse", lower_cholesky_inverse, kLinalg);
-LOWERING("aten::linalg_solve_triangular", lower_linalg_solve_triangular, kLinalg);
-LOWERING("aten::triangular_solve", lower_triangular_solve, kLinalg);
+LOWERING("aten::linalg_cholesky_ex", lower_cholesky, nullptr, kLinalg);
+LOWERING("aten::cholesky", lower_cholesky, nullptr, kLinalg);
+LOWERING("aten::_cholesky_solve_helper", lower_cholesky_solve, nullptr, kLinalg);
+LOWERING("aten::cholesky_inverse", lower_cholesky_inverse, nullptr, kLinalg);
+LOWERING("aten::linalg_solve_triangular", lower_linalg_solve_triangular, nullptr, kLinalg);
+LOWERING("aten::triangular_solve", lower_triangular_solve, nullptr, kLinalg);
 
 }  // namespace
 }  // namespace torchtpu

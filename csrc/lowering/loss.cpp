@@ -134,12 +134,14 @@ void lower_nll_loss_backward(LoweringContext& ctx, const Node& node) {
 
 // -- elementwise losses --------------------------------------------------------------------------
 
-// Elementwise loss kinds (rule data): "mse", "smooth_l1", "huber", "bce".
-V elementwise_loss(LoweringContext& ctx, const std::string& kind, const V& x, const V& t, double param) {
+// Elementwise loss kinds (the rule's parameter).
+enum class Loss : uint8_t { Mse, SmoothL1, Huber };
+
+V elementwise_loss(LoweringContext& ctx, Loss kind, const V& x, const V& t, double param) {
   V d = sub(ctx, x, t);
-  if (kind == "mse") return mul(ctx, d, d);
+  if (kind == Loss::Mse) return mul(ctx, d, d);
   V z = ctx.unary("stablehlo.abs", d);
-  if (kind == "smooth_l1") {
+  if (kind == Loss::SmoothL1) {
     if (param == 0) return z;
     V quad = div(ctx, mul(ctx, full(ctx, 0.5, z), mul(ctx, z, z)), full(ctx, param, z));
     return ctx.select(ctx.compare("LT", z, full(ctx, param, z)), quad, sub(ctx, z, full(ctx, 0.5 * param, z)));
@@ -151,13 +153,13 @@ V elementwise_loss(LoweringContext& ctx, const std::string& kind, const V& x, co
 }
 
 // d loss / d x (before the incoming gradient).
-V elementwise_loss_grad(LoweringContext& ctx, const std::string& kind, const V& x, const V& t, double param) {
+V elementwise_loss_grad(LoweringContext& ctx, Loss kind, const V& x, const V& t, double param) {
   V d = sub(ctx, x, t);
-  if (kind == "mse") return mul(ctx, full(ctx, 2, d), d);
+  if (kind == Loss::Mse) return mul(ctx, full(ctx, 2, d), d);
   V lo = ctx.compare("LE", d, full(ctx, -param, d));
   V hi = ctx.compare("GE", d, full(ctx, param, d));
-  V mid = kind == "smooth_l1" ? div(ctx, d, full(ctx, param, d)) : d;
-  double edge = kind == "smooth_l1" ? 1.0 : param;
+  V mid = kind == Loss::SmoothL1 ? div(ctx, d, full(ctx, param, d)) : d;
+  double edge = kind == Loss::SmoothL1 ? 1.0 : param;
   return ctx.select(lo, full(ctx, -edge, d), ctx.select(hi, full(ctx, edge, d), mid));
 }
 
@@ -172,7 +174,7 @@ void lower_loss(LoweringContext& ctx, const Node& node) {
   x = to_type(ctx, x, dtype, shape);
   V t = to_type(ctx, t0, dtype, shape);
   double param = node.args.size() > 3 ? node.args[3].as_double() : 0.0;
-  ctx.set_result(reduce_loss(ctx, elementwise_loss(ctx, rule_data(node), x, t, param), node.args[2].as_int(), out));
+  ctx.set_result(reduce_loss(ctx, elementwise_loss(ctx, rule_param<Loss>(node), x, t, param), node.args[2].as_int(), out));
 }
 
 // *_loss_backward(grad_output, self, target, reduction[, param])
@@ -183,7 +185,7 @@ void lower_loss_backward(LoweringContext& ctx, const Node& node) {
   int64_t reduction = node.args[3].as_int();
   double param = node.args.size() > 4 ? node.args[4].as_double() : 0.0;
   V g = loss_grad(ctx, ctx.input(node, 0), reduction, out.dtype, out.shape);
-  ctx.set_result(mul(ctx, elementwise_loss_grad(ctx, rule_data(node), x, t, param), g));
+  ctx.set_result(mul(ctx, elementwise_loss_grad(ctx, rule_param<Loss>(node), x, t, param), g));
 }
 
 // binary_cross_entropy(self, target, weight, reduction): log terms clamped at -100 like PyTorch.
@@ -424,12 +426,12 @@ LOWERING("aten::nll_loss_forward", lower_nll_loss, nullptr, kNllLoss);
 LOWERING("aten::nll_loss2d_forward", lower_nll_loss, nullptr, kNllLoss);
 LOWERING("aten::nll_loss_backward", lower_nll_loss_backward, nullptr, kNllLossBackward);
 LOWERING("aten::nll_loss2d_backward", lower_nll_loss_backward, nullptr, kNllLossBackward);
-LOWERING("aten::mse_loss", lower_loss, "mse");
-LOWERING("aten::mse_loss_backward", lower_loss_backward, "mse");
-LOWERING("aten::smooth_l1_loss", lower_loss, "smooth_l1", kSelfFloatOnly);
-LOWERING("aten::smooth_l1_loss_backward", lower_loss_backward, "smooth_l1");
-LOWERING("aten::huber_loss", lower_loss, "huber", kSelfFloatOnly);
-LOWERING("aten::huber_loss_backward", lower_loss_backward, "huber");
+LOWERING("aten::mse_loss", lower_loss, Loss::Mse);
+LOWERING("aten::mse_loss_backward", lower_loss_backward, Loss::Mse);
+LOWERING("aten::smooth_l1_loss", lower_loss, Loss::SmoothL1, kSelfFloatOnly);
+LOWERING("aten::smooth_l1_loss_backward", lower_loss_backward, Loss::SmoothL1);
+LOWERING("aten::huber_loss", lower_loss, Loss::Huber, kSelfFloatOnly);
+LOWERING("aten::huber_loss_backward", lower_loss_backward, Loss::Huber);
 LOWERING("aten::binary_cross_entropy", lower_bce);
 LOWERING("aten::binary_cross_entropy_backward", lower_bce_backward);
 

@@ -14,12 +14,12 @@ V beta_self_plus_alpha(LoweringContext& ctx, const Node& node, V product) {
   const Arg& beta = node.args[3];
   const Arg& alpha = node.args[4];
   if (!alpha.is_constant(1.0))
-    product = ctx.binary("stablehlo.multiply", product, ctx.broadcast_to(ctx.scalar(node, 4, acc), out.shape));
+    product = ctx.binary(Hlo::Multiply, product, ctx.broadcast_to(ctx.scalar(node, 4, acc), out.shape));
   if (beta.is_constant(0.0)) return ctx.convert(product, out.dtype);  // PyTorch ignores self (even NaN) when beta is 0
   V self = to_type(ctx, ctx.input(node, 0), acc, out.shape);
   if (!beta.is_constant(1.0))
-    self = ctx.binary("stablehlo.multiply", self, ctx.broadcast_to(ctx.scalar(node, 3, acc), out.shape));
-  return ctx.convert(ctx.binary("stablehlo.add", self, product), out.dtype);
+    self = ctx.binary(Hlo::Multiply, self, ctx.broadcast_to(ctx.scalar(node, 3, acc), out.shape));
+  return ctx.convert(ctx.binary(Hlo::Add, self, product), out.dtype);
 }
 
 // The add* family's product type: float32 for half types (rounded once, after the add).
@@ -113,8 +113,8 @@ void lower_cross(LoweringContext& ctx, const Node& node) {
     return ctx.slice(x, start, limit, ones);
   };
   auto term = [&](int64_t i, int64_t j) {
-    return ctx.binary("stablehlo.subtract", ctx.binary("stablehlo.multiply", component(a, i), component(b, j)),
-                      ctx.binary("stablehlo.multiply", component(a, j), component(b, i)));
+    return ctx.binary(Hlo::Subtract, ctx.binary(Hlo::Multiply, component(a, i), component(b, j)),
+                      ctx.binary(Hlo::Multiply, component(a, j), component(b, i)));
   };
   ctx.set_result(ctx.concatenate({term(1, 2), term(2, 0), term(0, 1)}, dim));
 }

@@ -7,12 +7,14 @@
 namespace torchtpu {
 namespace {
 
+enum class Softmax : uint8_t { Plain, Log, Safe };  // softmax, log_softmax, _safe_softmax
+
 // -- small helpers -------------------------------------------------------------------------
 
-V mul(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.multiply", a, b); }
-V add(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.add", a, b); }
-V sub(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.subtract", a, b); }
-V div(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.divide", a, b); }
+V mul(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary(Hlo::Multiply, a, b); }
+V add(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary(Hlo::Add, a, b); }
+V sub(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary(Hlo::Subtract, a, b); }
+V div(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary(Hlo::Divide, a, b); }
 // Floating accumulation type: f32 for bf16/f16.
 DType acc_dtype(DType t) { return t == DType::BFloat16 || t == DType::Float16 ? DType::Float32 : t; }
 V full(LoweringContext& ctx, double v, const V& like) { return ctx.constant(v, like.type.dtype, like.type.shape); }
@@ -25,13 +27,13 @@ std::vector<int64_t> kept_shape(const std::vector<int64_t>& shape, const std::ve
 }
 
 // Reduces dims of x and broadcasts the result back to x's shape.
-V reduce_bcast(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims, const char* op) {
-  V init = std::string(op) == "stablehlo.maximum" ? lowest_scalar(ctx, x.type.dtype) : zero_like_scalar(ctx, x.type.dtype);
+V reduce_bcast(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims, Hlo op) {
+  V init = op == Hlo::Maximum ? lowest_scalar(ctx, x.type.dtype) : zero_like_scalar(ctx, x.type.dtype);
   V r = ctx.reduce(x, dims, init, op);
   return ctx.broadcast_to(ctx.reshape(r, kept_shape(x.type.shape, dims)), x.type.shape);
 }
 V sum_bcast(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims) {
-  return reduce_bcast(ctx, x, dims, "stablehlo.add");
+  return reduce_bcast(ctx, x, dims, Hlo::Add);
 }
 // Sum over dims, reshaped to `shape` (same number of elements as the kept dims).
 V sum_to(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims, const std::vector<int64_t>& shape) {
@@ -54,27 +56,27 @@ V along(LoweringContext& ctx, const V& v, const std::vector<int64_t>& shape, int
 // _softmax(self, dim, half_to_float), _log_softmax(...), _safe_softmax(self, dim, dtype)
 void lower_softmax(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string kind = rule_data(node);
+  Softmax kind = rule_param<Softmax>(node);
   V x = ctx.input(node, 0);
-  if (kind == "safe") x = ctx.convert(x, out.dtype);
+  if (kind == Softmax::Safe) x = ctx.convert(x, out.dtype);
   DType acc = acc_dtype(out.dtype);
   x = ctx.convert(x, acc);
   if (x.type.rank() == 0) x = ctx.reshape(x, {1});
   int64_t dim = wrap_dim(node.args[1].i, x.type.rank());
-  V m = reduce_bcast(ctx, x, {dim}, "stablehlo.maximum");
+  V m = reduce_bcast(ctx, x, {dim}, Hlo::Maximum);
   // Rows that are all -inf: keep the max finite so exp does not produce NaN from -inf - -inf.
   V neg_inf = full(ctx, -INFINITY, m);
-  V all_masked = ctx.compare("EQ", m, neg_inf);
+  V all_masked = ctx.compare(Cmp::EQ, m, neg_inf);
   m = ctx.select(all_masked, full(ctx, 0, m), m);
   V shifted = sub(ctx, x, m);
-  V e = ctx.unary("stablehlo.exponential", shifted);
+  V e = ctx.unary(Hlo::Exponential, shifted);
   V s = sum_bcast(ctx, e, {dim});
   V r;
-  if (kind == "log") {
-    r = sub(ctx, shifted, ctx.unary("stablehlo.log", s));
+  if (kind == Softmax::Log) {
+    r = sub(ctx, shifted, ctx.unary(Hlo::Log, s));
   } else {
     r = div(ctx, e, s);
-    if (kind == "safe") r = ctx.select(all_masked, full(ctx, 0, r), r);
+    if (kind == Softmax::Safe) r = ctx.select(all_masked, full(ctx, 0, r), r);
   }
   ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
 }
@@ -92,8 +94,8 @@ void lower_softmax_backward(LoweringContext& ctx, const Node& node) {
   }
   int64_t dim = wrap_dim(node.args[2].i, g.type.rank());
   V r;
-  if (std::string(rule_data(node)) == "log") {
-    r = sub(ctx, g, mul(ctx, ctx.unary("stablehlo.exponential", y), sum_bcast(ctx, g, {dim})));
+  if (rule_param<Softmax>(node) == Softmax::Log) {
+    r = sub(ctx, g, mul(ctx, ctx.unary(Hlo::Exponential, y), sum_bcast(ctx, g, {dim})));
   } else {
     r = mul(ctx, y, sub(ctx, g, sum_bcast(ctx, mul(ctx, g, y), {dim})));
   }
@@ -115,7 +117,7 @@ bool optional_input(LoweringContext& ctx, const Node& node, int arg, DType acc, 
 void moments(LoweringContext& ctx, const V& x, const std::vector<int64_t>& dims, V* mean, V* var) {
   int64_t n = 1;
   for (int64_t d : dims) n *= x.type.shape[d];
-  V nan_if_not_finite = ctx.select(ctx.emit("stablehlo.is_finite", {x}, TensorType{x.type.shape, DType::Bool}),
+  V nan_if_not_finite = ctx.select(ctx.emit(Hlo::IsFinite, {x}, TensorType{x.type.shape, DType::Bool}),
                                    full(ctx, 0.0, x), full(ctx, NAN, x));
   *mean = div(ctx, sum_bcast(ctx, x, dims), full(ctx, static_cast<double>(n), x));
   if (n > 1) *mean = add(ctx, *mean, sum_bcast(ctx, nan_if_not_finite, dims));
@@ -134,7 +136,7 @@ void lower_layer_norm(LoweringContext& ctx, const Node& node) {
   double eps = node.args[4].as_double();
   V mean, var;
   moments(ctx, x, dims, &mean, &var);
-  V rstd = ctx.unary("stablehlo.rsqrt", add(ctx, var, full(ctx, eps, var)));
+  V rstd = ctx.unary(Hlo::Rsqrt, add(ctx, var, full(ctx, eps, var)));
   V y = mul(ctx, sub(ctx, x, mean), rstd);
   std::vector<int64_t> feature_dims = range(axis, rank);
   V w, b;
@@ -170,7 +172,7 @@ V moments_grad(LoweringContext& ctx, const V& g, const V& x, const V& mean, cons
   V scale = full(ctx, 1.0 / static_cast<double>(n), g);
   V ds = sum_bcast(ctx, mul(ctx, g, x), dims), db = sum_bcast(ctx, g, dims);
   V b = mul(ctx, mul(ctx, sub(ctx, mul(ctx, db, mean), ds), mul(ctx, mul(ctx, rstd, rstd), rstd)), scale);
-  V c = sub(ctx, mul(ctx, ctx.unary("stablehlo.negate", b), mean), mul(ctx, mul(ctx, db, rstd), scale));
+  V c = sub(ctx, mul(ctx, ctx.unary(Hlo::Negate, b), mean), mul(ctx, mul(ctx, db, rstd), scale));
   return add(ctx, add(ctx, mul(ctx, rstd, g), mul(ctx, b, x)), c);
 }
 
@@ -220,7 +222,7 @@ void lower_group_norm(LoweringContext& ctx, const Node& node) {
   V x = ctx.reshape(x0, {N, G, C / G * HW});
   V mean, var;
   moments(ctx, x, {2}, &mean, &var);
-  V rstd = ctx.unary("stablehlo.rsqrt", add(ctx, var, full(ctx, eps, var)));
+  V rstd = ctx.unary(Hlo::Rsqrt, add(ctx, var, full(ctx, eps, var)));
   V y = ctx.reshape(mul(ctx, sub(ctx, x, mean), rstd), {N, C, HW});
   V w, b;
   if (optional_input(ctx, node, 1, acc, &w)) y = mul(ctx, y, along(ctx, w, {N, C, HW}, 1));
@@ -273,7 +275,7 @@ void batch_norm_forward(LoweringContext& ctx, const Node& node, int rm_arg, int 
     mean_b = along(ctx, mean_c, shape, 1);
     V c = sub(ctx, x, mean_b);
     var_c = div(ctx, sum_dims(ctx, mul(ctx, c, c), dims), ctx.constant(static_cast<double>(n), acc, {C}));
-    V invstd_c = ctx.unary("stablehlo.rsqrt", add(ctx, var_c, ctx.constant(eps, acc, {C})));
+    V invstd_c = ctx.unary(Hlo::Rsqrt, add(ctx, var_c, ctx.constant(eps, acc, {C})));
     invstd_b = along(ctx, invstd_c, shape, 1);
     results->push_back(V{});  // out, filled below
     results->push_back(ctx.convert(mean_c, ctx.out(node, 1).dtype));
@@ -287,7 +289,7 @@ void batch_norm_forward(LoweringContext& ctx, const Node& node, int rm_arg, int 
     }
   } else {
     mean_b = along(ctx, rm, shape, 1);
-    invstd_b = along(ctx, ctx.unary("stablehlo.rsqrt", add(ctx, rv, ctx.constant(eps, acc, {C}))), shape, 1);
+    invstd_b = along(ctx, ctx.unary(Hlo::Rsqrt, add(ctx, rv, ctx.constant(eps, acc, {C}))), shape, 1);
     results->push_back(V{});
     results->push_back(ctx.constant(0, ctx.out(node, 1).dtype, ctx.out(node, 1).shape));
     results->push_back(ctx.constant(0, ctx.out(node, 2).dtype, ctx.out(node, 2).shape));
@@ -347,7 +349,7 @@ void lower_batch_norm_backward(LoweringContext& ctx, const Node& node) {
   } else {
     mean_c = ctx.convert(ctx.input(node, 3), acc);
     V rv = ctx.convert(ctx.input(node, 4), acc);
-    invstd_c = ctx.unary("stablehlo.rsqrt", add(ctx, rv, ctx.constant(eps, acc, {C})));
+    invstd_c = ctx.unary(Hlo::Rsqrt, add(ctx, rv, ctx.constant(eps, acc, {C})));
   }
   V mean = along(ctx, mean_c, shape, 1), invstd = along(ctx, invstd_c, shape, 1);
   V xhat = mul(ctx, sub(ctx, x, mean), invstd);
@@ -359,11 +361,11 @@ void lower_batch_norm_backward(LoweringContext& ctx, const Node& node) {
   set_masked(ctx, node, node.args[9], {dx, dw, db});
 }
 
-LOWERING("aten::_softmax", lower_softmax, "softmax", kFloatOnly);
-LOWERING("aten::_log_softmax", lower_softmax, "log", kFloatOnly);
-LOWERING("aten::_safe_softmax", lower_softmax, "safe");
-LOWERING("aten::_softmax_backward_data", lower_softmax_backward, "softmax");
-LOWERING("aten::_log_softmax_backward_data", lower_softmax_backward, "log");
+LOWERING("aten::_softmax", lower_softmax, Softmax::Plain, kFloatOnly);
+LOWERING("aten::_log_softmax", lower_softmax, Softmax::Log, kFloatOnly);
+LOWERING("aten::_safe_softmax", lower_softmax, Softmax::Safe);
+LOWERING("aten::_softmax_backward_data", lower_softmax_backward, Softmax::Plain);
+LOWERING("aten::_log_softmax_backward_data", lower_softmax_backward, Softmax::Log);
 LOWERING("aten::native_layer_norm", lower_layer_norm);
 LOWERING("aten::native_layer_norm_backward", lower_layer_norm_backward);
 LOWERING("aten::native_group_norm", lower_group_norm);

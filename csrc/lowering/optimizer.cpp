@@ -76,7 +76,7 @@ struct AmpScaling {
       grad_scale = scalar_tensor(ctx, ctx.input(node, grad_scale_arg), DType::Float32);
     if (ctx.has_input(node, found_inf_arg)) {
       V found = scalar_tensor(ctx, ctx.input(node, found_inf_arg), DType::Float32);
-      skip = ctx.compare("EQ", found, ctx.constant(1.0, DType::Float32));
+      skip = ctx.compare(Cmp::EQ, found, ctx.constant(1.0, DType::Float32));
     }
   }
 
@@ -103,14 +103,18 @@ struct AmpScaling {
   }
 };
 
+// Adam's weight decay: added to the gradient (L2, _fused_adam) or applied to the weight
+// (Decoupled, _fused_adamw).
+enum class AdamDecay : uint8_t { L2, Decoupled };
+
 // Where the arguments of the Adam family sit in its schema.
 enum AdamArg { kAdamParams, kAdamGrads, kExpAvgs, kExpAvgSqs, kMaxExpAvgSqs, kAdamSteps, kAdamLr, kBeta1, kBeta2,
                kAdamWeightDecay, kAdamEps, kAmsgrad, kAdamMaximize, kAdamGradScale, kAdamFoundInf };
 
-// _fused_adam / _fused_adamw (data "adamw": decoupled weight decay), float or tensor lr:
+// _fused_adam / _fused_adamw (AdamDecay::Decoupled: decoupled weight decay), float or tensor lr:
 //   -> (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs) updated.
 void lower_fused_adam(LoweringContext& ctx, const Node& node) {
-  bool decoupled = std::string(rule_data(node)) == "adamw";
+  bool decoupled = rule_param<AdamDecay>(node) == AdamDecay::Decoupled;
   std::vector<V> params = ctx.inputs(node, kAdamParams), grads = ctx.inputs(node, kAdamGrads);
   std::vector<V> exp_avgs = ctx.inputs(node, kExpAvgs), exp_avg_sqs = ctx.inputs(node, kExpAvgSqs);
   std::vector<V> max_exp_avg_sqs = ctx.inputs(node, kMaxExpAvgSqs), steps = ctx.inputs(node, kAdamSteps);
@@ -128,38 +132,38 @@ void lower_fused_adam(LoweringContext& ctx, const Node& node) {
   bool decays = nonzero(node, kAdamWeightDecay);
   V weight_decay = hyperparameter(ctx, node, kAdamWeightDecay);
   V one = ctx.constant(1.0, wide);
-  V exp_avg_weight = ctx.binary("stablehlo.subtract", one, beta1);      // 1 - beta1: lerp's weight
-  V exp_avg_sq_weight = ctx.binary("stablehlo.subtract", one, beta2);   // 1 - beta2
-  V decay_factor = ctx.binary("stablehlo.subtract", one, ctx.binary("stablehlo.multiply", lr, weight_decay));
+  V exp_avg_weight = ctx.binary(Hlo::Subtract, one, beta1);      // 1 - beta1: lerp's weight
+  V exp_avg_sq_weight = ctx.binary(Hlo::Subtract, one, beta2);   // 1 - beta2
+  V decay_factor = ctx.binary(Hlo::Subtract, one, ctx.binary(Hlo::Multiply, lr, weight_decay));
   std::vector<V> out_params, out_grads, out_exp_avgs, out_exp_avg_sqs, out_max;
   for (size_t i = 0; i < n; ++i) {
     DType cd = compute_dtype(params[i].type.dtype);
     Ex e = make_ex(ctx, cd, params[i].type.shape);
     // Per tensor, in double: its step's bias corrections.
     V step = scalar_tensor(ctx, steps[i], wide);
-    V bias_correction1 = ctx.binary("stablehlo.subtract", one, ctx.binary("stablehlo.power", beta1, step));
-    V bias_correction2 = ctx.binary("stablehlo.subtract", one, ctx.binary("stablehlo.power", beta2, step));
-    V step_size = ctx.binary("stablehlo.divide", lr, bias_correction1);
-    V bias_correction2_sqrt = ctx.unary("stablehlo.sqrt", bias_correction2);
+    V bias_correction1 = ctx.binary(Hlo::Subtract, one, ctx.binary(Hlo::Power, beta1, step));
+    V bias_correction2 = ctx.binary(Hlo::Subtract, one, ctx.binary(Hlo::Power, beta2, step));
+    V step_size = ctx.binary(Hlo::Divide, lr, bias_correction1);
+    V bias_correction2_sqrt = ctx.unary(Hlo::Sqrt, bias_correction2);
 
     V p = ctx.convert(params[i], cd), written_grad;
     V g = amp.gradient(e, grads[i], &written_grad);
-    if (maximize) g = e.un("stablehlo.negate", g);
+    if (maximize) g = e.un(Hlo::Negate, g);
     if (decays) {
       if (decoupled) p = e.mul(p, coefficient(e, decay_factor));
       else g = e.add(g, e.mul(p, coefficient(e, weight_decay)));
     }
     // exp_avg.lerp_(grad, 1 - beta1), in lerp's two forms as CPU picks them by the weight.
     V m = ctx.convert(exp_avgs[i], cd), w = coefficient(e, exp_avg_weight);
-    V small = e.cmp("LT", e.un("stablehlo.abs", w), e.k(0.5));
+    V small = e.cmp(Cmp::LT, e.un(Hlo::Abs, w), e.k(0.5));
     V towards = e.sub(g, m);
     m = e.sel(small, e.add(m, e.mul(w, towards)), e.sub(g, e.mul(towards, e.sub(e.k(1.0), w))));
     V v = ctx.convert(exp_avg_sqs[i], cd);
     v = e.add(e.mul(v, coefficient(e, beta2)), e.mul(e.mul(coefficient(e, exp_avg_sq_weight), g), g));
     V second = v, v_max;
     if (amsgrad) second = v_max = e.max(ctx.convert(max_exp_avg_sqs[i], cd), v);
-    V denom = e.add(e.div(e.un("stablehlo.sqrt", second), coefficient(e, bias_correction2_sqrt)), coefficient(e, eps));
-    V negative_step = coefficient(e, ctx.unary("stablehlo.negate", step_size));
+    V denom = e.add(e.div(e.un(Hlo::Sqrt, second), coefficient(e, bias_correction2_sqrt)), coefficient(e, eps));
+    V negative_step = coefficient(e, ctx.unary(Hlo::Negate, step_size));
     p = e.add(p, e.div(e.mul(negative_step, m), denom));
 
     out_params.push_back(amp.result(e, params[i], p));
@@ -193,15 +197,15 @@ void lower_fused_sgd(LoweringContext& ctx, const Node& node) {
   DType wide = wide_dtype(ctx);
   bool decays = nonzero(node, kSgdWeightDecay);
   V weight_decay = hyperparameter(ctx, node, kSgdWeightDecay), momentum = hyperparameter(ctx, node, kMomentum);
-  V negative_lr = ctx.unary("stablehlo.negate", hyperparameter(ctx, node, kSgdLr));
-  V grad_weight = ctx.binary("stablehlo.subtract", ctx.constant(1.0, wide), hyperparameter(ctx, node, kDampening));
+  V negative_lr = ctx.unary(Hlo::Negate, hyperparameter(ctx, node, kSgdLr));
+  V grad_weight = ctx.binary(Hlo::Subtract, ctx.constant(1.0, wide), hyperparameter(ctx, node, kDampening));
   std::vector<V> out_params, out_grads, out_buffers;
   for (size_t i = 0; i < n; ++i) {
     DType cd = compute_dtype(params[i].type.dtype);
     Ex e = make_ex(ctx, cd, params[i].type.shape);
     V p = ctx.convert(params[i], cd), written_grad;
     V g = amp.gradient(e, grads[i], &written_grad);
-    if (maximize) g = e.un("stablehlo.negate", g);
+    if (maximize) g = e.un(Hlo::Negate, g);
     if (decays) g = e.add(e.mul(p, coefficient(e, weight_decay)), g);
     if (has_momentum) {
       V buffer = g;
@@ -245,14 +249,14 @@ void lower_fused_adagrad(LoweringContext& ctx, const Node& node) {
     Ex e = make_ex(ctx, cd, params[i].type.shape);
     // clr = lr / (1 + (step - 1) * lr_decay), in double
     V step = scalar_tensor(ctx, steps[i], wide);
-    V decayed = ctx.binary("stablehlo.multiply", ctx.binary("stablehlo.subtract", step, one), lr_decay);
-    V clr = ctx.binary("stablehlo.divide", lr, ctx.binary("stablehlo.add", one, decayed));
+    V decayed = ctx.binary(Hlo::Multiply, ctx.binary(Hlo::Subtract, step, one), lr_decay);
+    V clr = ctx.binary(Hlo::Divide, lr, ctx.binary(Hlo::Add, one, decayed));
     V p = ctx.convert(params[i], cd), written_grad;
     V g = amp.gradient(e, grads[i], &written_grad);
-    if (maximize) g = e.un("stablehlo.negate", g);
+    if (maximize) g = e.un(Hlo::Negate, g);
     if (decays) g = e.add(g, e.mul(p, coefficient(e, weight_decay)));
     V sum = e.add(ctx.convert(sums[i], cd), e.mul(g, g));
-    V std = e.add(e.un("stablehlo.sqrt", sum), coefficient(e, eps));
+    V std = e.add(e.un(Hlo::Sqrt, sum), coefficient(e, eps));
     p = e.sub(p, e.div(e.mul(coefficient(e, clr), g), std));
     out_params.push_back(amp.result(e, params[i], p));
     out_grads.push_back(amp.kept_or(ctx, grads[i], written_grad));
@@ -280,7 +284,7 @@ void lower_amp_non_finite_check_and_unscale(LoweringContext& ctx, const Node& no
     DType cd = compute_dtype(grad.type.dtype);
     Ex e = make_ex(ctx, cd, grad.type.shape);
     V x = ctx.convert(grad, cd);
-    V finite = ctx.emit("stablehlo.is_finite", {x}, TensorType{x.type.shape, DType::Bool});
+    V finite = ctx.emit(Hlo::IsFinite, {x}, TensorType{x.type.shape, DType::Bool});
     any_non_finite = e.bor(any_non_finite, any_true(ctx, e.bnot(finite)));
     results.push_back(ctx.convert(e.mul(x, coefficient(e, inv_scale)), grad.type.dtype));
   }
@@ -297,16 +301,16 @@ void lower_amp_update_scale(LoweringContext& ctx, const Node& node) {
   V scale = ctx.input(node, 0), tracker = ctx.input(node, 1), found_inf = ctx.input(node, 2);
   DType wide = wide_dtype(ctx);
   const std::vector<int64_t>& shape = scale.type.shape;
-  V overflowed = ctx.compare("NE", found_inf, ctx.constant(0.0, found_inf.type.dtype, found_inf.type.shape));
-  V successful = ctx.binary("stablehlo.add", tracker, ctx.constant_int(1, tracker.type.dtype, tracker.type.shape));
-  V grows = ctx.compare("EQ", successful, ctx.constant_int(node.args[5].as_int(), tracker.type.dtype, tracker.type.shape));
+  V overflowed = ctx.compare(Cmp::NE, found_inf, ctx.constant(0.0, found_inf.type.dtype, found_inf.type.shape));
+  V successful = ctx.binary(Hlo::Add, tracker, ctx.constant_int(1, tracker.type.dtype, tracker.type.shape));
+  V grows = ctx.compare(Cmp::EQ, successful, ctx.constant_int(node.args[5].as_int(), tracker.type.dtype, tracker.type.shape));
   V scale_wide = ctx.convert(scale, wide);
   auto times = [&](int arg) {
     V factor = ctx.broadcast_in_dim(hyperparameter(ctx, node, arg), shape, {});
-    return ctx.convert(ctx.binary("stablehlo.multiply", scale_wide, factor), scale.type.dtype);
+    return ctx.convert(ctx.binary(Hlo::Multiply, scale_wide, factor), scale.type.dtype);
   };
   V grown = times(3);
-  V grown_if_finite = ctx.select(ctx.emit("stablehlo.is_finite", {grown}, TensorType{shape, DType::Bool}), grown, scale);
+  V grown_if_finite = ctx.select(ctx.emit(Hlo::IsFinite, {grown}, TensorType{shape, DType::Bool}), grown, scale);
   V zero = ctx.constant_int(0, tracker.type.dtype, tracker.type.shape);
   V new_scale = ctx.select(overflowed, times(4), ctx.select(grows, grown_if_finite, scale));
   V new_tracker = ctx.select(overflowed, zero, ctx.select(grows, zero, successful));
@@ -316,10 +320,10 @@ void lower_amp_update_scale(LoweringContext& ctx, const Node& node) {
 // CPU's fused kernels take floating parameters only (AT_DISPATCH_FLOATING_TYPES_AND2).
 constexpr RuleFlags kFusedStep{.lifts_floats = true, .refuses = kBoolDTypes | kIntegerDTypes};
 
-LOWERING("aten::_fused_adam", lower_fused_adam, "adam", kFusedStep);
-LOWERING("aten::_fused_adam.tensor_lr", lower_fused_adam, "adam", kFusedStep);
-LOWERING("aten::_fused_adamw", lower_fused_adam, "adamw", kFusedStep);
-LOWERING("aten::_fused_adamw.tensor_lr", lower_fused_adam, "adamw", kFusedStep);
+LOWERING("aten::_fused_adam", lower_fused_adam, AdamDecay::L2, kFusedStep);
+LOWERING("aten::_fused_adam.tensor_lr", lower_fused_adam, AdamDecay::L2, kFusedStep);
+LOWERING("aten::_fused_adamw", lower_fused_adam, AdamDecay::Decoupled, kFusedStep);
+LOWERING("aten::_fused_adamw.tensor_lr", lower_fused_adam, AdamDecay::Decoupled, kFusedStep);
 LOWERING("aten::_fused_sgd", lower_fused_sgd, nullptr, kFusedStep);
 LOWERING("aten::_fused_sgd.tensor_lr", lower_fused_sgd, nullptr, kFusedStep);
 LOWERING("aten::_fused_adagrad", lower_fused_adagrad, nullptr, kFusedStep);

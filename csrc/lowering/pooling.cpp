@@ -250,11 +250,11 @@ MaxWindow max_pool_window(const Node& node, int first, int n, const V& x, const 
 }
 
 // max_pool2d_with_indices / max_pool3d_with_indices(self, kernel_size, stride, padding, dilation,
-// ceil_mode); rule data: the number of pooled dims.
+// ceil_mode); rule parameter: the number of pooled dims.
 void lower_max_pool(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
-  int n = std::atoi(rule_data(node));
+  int n = rule_param<int>(node);
   ctx.set_results(max_window(ctx, x, max_pool_window(node, 1, n, x, out), out, ctx.out(node, 1)));
 }
 
@@ -317,13 +317,13 @@ std::vector<V> max_over_cell_windows(LoweringContext& ctx, const V& x, const Cel
   return {best[0], ctx.convert(best[1], idx_type.dtype)};
 }
 
-// adaptive_max_pool{2,3}d(self, output_size); rule data: the number of pooled dims. A regular
+// adaptive_max_pool{2,3}d(self, output_size); rule parameter: the number of pooled dims. A regular
 // max pool when the sizes divide evenly; else cell o of an axis reads CPU's window
 // [floor(o*in/out), ceil((o+1)*in/out)).
 void lower_adaptive_max_pool(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
-  int n = std::atoi(rule_data(node));
+  int n = rule_param<int>(node);
   int64_t r = x.type.rank();
   MaxWindow even;
   if (out.numel() == 0 || x.type.numel() == 0) {
@@ -350,7 +350,7 @@ void lower_adaptive_max_pool(LoweringContext& ctx, const Node& node) {
   ctx.set_results(max_over_cell_windows(ctx, x, cells, out, ctx.out(node, 1)));
 }
 
-// fractional_max_pool{2,3}d(self, kernel_size, output_size, random_samples); rule data: the
+// fractional_max_pool{2,3}d(self, kernel_size, output_size, random_samples); rule parameter: the
 // number of pooled dims. Each plane's windows start where CPU's generate_intervals puts them,
 // from the plane's samples ([N or 1, C, n]; sample k drives axis n-1-k for 2-d pools, axis k
 // for 3-d ones, as CPU reads them), computed in the input's dtype as CPU computes them:
@@ -359,7 +359,7 @@ void lower_adaptive_max_pool(LoweringContext& ctx, const Node& node) {
 void lower_fractional_max_pool(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
-  int n = std::atoi(rule_data(node));
+  int n = rule_param<int>(node);
   int64_t r = x.type.rank();
   const auto& kernel = node.args[1].ints;
   if (out.numel() == 0 || x.type.numel() == 0) {
@@ -432,21 +432,21 @@ V scatter_by_index(LoweringContext& ctx, const V& grad, const V& indices, const 
 }
 
 // max_pool{2,3}d_with_indices_backward(grad_output, self, kernel, stride, padding, dilation,
-// ceil_mode, indices); rule data: the number of pooled dims.
+// ceil_mode, indices); rule parameter: the number of pooled dims.
 void lower_max_pool_backward(LoweringContext& ctx, const Node& node) {
-  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 7), ctx.out(node), std::atoi(rule_data(node))));
+  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 7), ctx.out(node), rule_param<int>(node)));
 }
 
-// adaptive_max_pool{2,3}d_backward(grad_output, self, indices); rule data: the number of
+// adaptive_max_pool{2,3}d_backward(grad_output, self, indices); rule parameter: the number of
 // pooled dims.
 void lower_adaptive_max_pool_backward(LoweringContext& ctx, const Node& node) {
-  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 2), ctx.out(node), std::atoi(rule_data(node))));
+  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 2), ctx.out(node), rule_param<int>(node)));
 }
 
 // fractional_max_pool{2,3}d_backward(grad_output, self, kernel_size, output_size, indices);
-// rule data: the number of pooled dims.
+// rule parameter: the number of pooled dims.
 void lower_fractional_max_pool_backward(LoweringContext& ctx, const Node& node) {
-  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 4), ctx.out(node), std::atoi(rule_data(node))));
+  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 4), ctx.out(node), rule_param<int>(node)));
 }
 
 // -- im2col / col2im (nn.Unfold / nn.Fold) ----------------------------------------------------
@@ -537,18 +537,18 @@ void lower_col2im(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.reshape(cropped, out.shape));
 }
 
-LOWERING("aten::max_pool2d_with_indices", lower_max_pool, "2", kNoBool);
-LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool_backward, "2", kFloatOnly);
-LOWERING("aten::max_pool3d_with_indices", lower_max_pool, "3", kNoBool);
-LOWERING("aten::max_pool3d_with_indices_backward", lower_max_pool_backward, "3", kFloatOnly);
-LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool, "2", kFloatOnly);
-LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool_backward, "2", kFloatOnly);
-LOWERING("aten::adaptive_max_pool3d", lower_adaptive_max_pool, "3", kFloatOnly);
-LOWERING("aten::adaptive_max_pool3d_backward", lower_adaptive_max_pool_backward, "3", kFloatOnly);
-LOWERING("aten::fractional_max_pool2d", lower_fractional_max_pool, "2", kFloatOnly);
-LOWERING("aten::fractional_max_pool2d_backward", lower_fractional_max_pool_backward, "2", kFloatOnly);
-LOWERING("aten::fractional_max_pool3d", lower_fractional_max_pool, "3", kFloatOnly);
-LOWERING("aten::fractional_max_pool3d_backward", lower_fractional_max_pool_backward, "3", kFloatOnly);
+LOWERING("aten::max_pool2d_with_indices", lower_max_pool, 2, kNoBool);
+LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool_backward, 2, kFloatOnly);
+LOWERING("aten::max_pool3d_with_indices", lower_max_pool, 3, kNoBool);
+LOWERING("aten::max_pool3d_with_indices_backward", lower_max_pool_backward, 3, kFloatOnly);
+LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool, 2, kFloatOnly);
+LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool_backward, 2, kFloatOnly);
+LOWERING("aten::adaptive_max_pool3d", lower_adaptive_max_pool, 3, kFloatOnly);
+LOWERING("aten::adaptive_max_pool3d_backward", lower_adaptive_max_pool_backward, 3, kFloatOnly);
+LOWERING("aten::fractional_max_pool2d", lower_fractional_max_pool, 2, kFloatOnly);
+LOWERING("aten::fractional_max_pool2d_backward", lower_fractional_max_pool_backward, 2, kFloatOnly);
+LOWERING("aten::fractional_max_pool3d", lower_fractional_max_pool, 3, kFloatOnly);
+LOWERING("aten::fractional_max_pool3d_backward", lower_fractional_max_pool_backward, 3, kFloatOnly);
 LOWERING("aten::im2col", lower_im2col, nullptr, kFloatOnly);
 LOWERING("aten::col2im", lower_col2im, nullptr, kFloatOnly);
 

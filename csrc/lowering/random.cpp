@@ -16,11 +16,11 @@ V standard_normal(LoweringContext& ctx, const Node& node, const std::vector<int6
   V u1 = ctx.random_uniform(node, shape, ct);
   V u2 = ctx.random_uniform(node, shape, ct);
   V one = ctx.constant(1.0, ct, shape);
-  V radius = ctx.unary("stablehlo.sqrt",
-                       ctx.binary("stablehlo.multiply", ctx.constant(-2.0, ct, shape),
-                                  ctx.unary("stablehlo.log", ctx.binary("stablehlo.subtract", one, u1))));
-  V angle = ctx.binary("stablehlo.multiply", ctx.constant(2.0 * M_PI, ct, shape), u2);
-  return ctx.binary("stablehlo.multiply", radius, ctx.unary("stablehlo.cosine", angle));
+  V radius = ctx.unary(Hlo::Sqrt,
+                       ctx.binary(Hlo::Multiply, ctx.constant(-2.0, ct, shape),
+                                  ctx.unary(Hlo::Log, ctx.binary(Hlo::Subtract, one, u1))));
+  V angle = ctx.binary(Hlo::Multiply, ctx.constant(2.0 * M_PI, ct, shape), u2);
+  return ctx.binary(Hlo::Multiply, radius, ctx.unary(Hlo::Cosine, angle));
 }
 
 // The finite range of a floating dtype.
@@ -71,33 +71,38 @@ void lower_uniform(LoweringContext& ctx, const Node& node) {
   check_argument(from <= to, "uniform_ expects to return a [from, to) range, but found from=" + format_number(from) +
                                  " > to=" + format_number(to));
   V u = ctx.random_uniform(node, out.shape, ct);
-  V r = ctx.binary("stablehlo.add", ctx.constant(from, ct, out.shape),
-                   ctx.binary("stablehlo.multiply", u, ctx.constant(to - from, ct, out.shape)));
+  V r = ctx.binary(Hlo::Add, ctx.constant(from, ct, out.shape),
+                   ctx.binary(Hlo::Multiply, u, ctx.constant(to - from, ct, out.shape)));
   ctx.set_result(ctx.convert(r, out.dtype));
 }
+
+// Where normal's mean and std are: after self (normal_functional) or first.
+enum class NormalArgs : uint8_t { SelfMeanStd, MeanStd };
 
 // normal_functional(self, mean, std) and normal.Tensor_float / float_Tensor / Tensor_Tensor /
 // float_float(mean, std, ...): mean + std * N(0, 1).
 void lower_normal(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   DType ct = float_compute(out.dtype);
-  std::string kind = rule_data(node);
-  int mean_arg = kind == "functional" ? 1 : 0;
+  int mean_arg = rule_param<NormalArgs>(node) == NormalArgs::SelfMeanStd ? 1 : 0;
   V z = standard_normal(ctx, node, out.shape, ct);
   V mean = ctx.has_input(node, mean_arg) ? to_type(ctx, ctx.input(node, mean_arg), ct, out.shape)
                                          : ctx.constant(node.args[mean_arg].as_double(), ct, out.shape);
   V std;
   if (ctx.has_input(node, mean_arg + 1)) {
     std = to_type(ctx, ctx.input(node, mean_arg + 1), ct, out.shape);
-    ctx.check(ctx.compare("LT", std, ctx.constant(0, ct, out.shape)), V{},
+    ctx.check(ctx.compare(Cmp::LT, std, ctx.constant(0, ct, out.shape)), V{},
               RuntimeCheck{RuntimeCheck::Error::Runtime, "normal expects all elements of std >= 0.0"});
   } else {
     double s = node.args[mean_arg + 1].as_double();
     check_argument(s >= 0.0, "normal expects std >= 0.0, but found std " + format_number(s));
     std = ctx.constant(s, ct, out.shape);
   }
-  ctx.set_result(ctx.convert(ctx.binary("stablehlo.add", mean, ctx.binary("stablehlo.multiply", std, z)), out.dtype));
+  ctx.set_result(ctx.convert(ctx.binary(Hlo::Add, mean, ctx.binary(Hlo::Multiply, std, z)), out.dtype));
 }
+
+// Where bernoulli's probability is: a tensor (p, else self) or a number (bernoulli.p).
+enum class Probability : uint8_t { Tensor, Number };
 
 // bernoulli(self) / bernoulli.p(self, p) / bernoulli.Tensor(self, p): 1 with probability p.
 void lower_bernoulli(LoweringContext& ctx, const Node& node) {
@@ -107,14 +112,14 @@ void lower_bernoulli(LoweringContext& ctx, const Node& node) {
     ct = DType::Float64;
   V p;
   if (ctx.has_input(node, 1)) p = to_type(ctx, ctx.input(node, 1), ct, out.shape);
-  else if (rule_data(node)) p = ctx.constant(node.args[1].as_double(), ct, out.shape);  // .p
+  else if (rule_param<Probability>(node) == Probability::Number) p = ctx.constant(node.args[1].as_double(), ct, out.shape);  // .p
   else p = to_type(ctx, ctx.input(node, 0), ct, out.shape);                           // bernoulli(self)
-  if (rule_data(node)) {
+  if (rule_param<Probability>(node) == Probability::Number) {
     double value = node.args[1].as_double();
     check_argument(value >= 0 && value <= 1, "bernoulli_ expects p to be in [0, 1], but got p=" + format_number(value));
   } else {
-    V outside = ctx.emit("stablehlo.or", {ctx.compare("LT", p, ctx.constant(0, ct, out.shape)),
-                                          ctx.compare("GT", p, ctx.constant(1, ct, out.shape))},
+    V outside = ctx.emit(Hlo::Or, {ctx.compare(Cmp::LT, p, ctx.constant(0, ct, out.shape)),
+                                          ctx.compare(Cmp::GT, p, ctx.constant(1, ct, out.shape))},
                          TensorType{out.shape, DType::Bool});
     ctx.check(outside, V{},
               RuntimeCheck{RuntimeCheck::Error::Runtime,
@@ -122,7 +127,7 @@ void lower_bernoulli(LoweringContext& ctx, const Node& node) {
                            "improved?  If so, please report an enhancement request to PyTorch.)"});
   }
   V u = ctx.random_uniform(node, out.shape, ct);
-  ctx.set_result(ctx.convert(ctx.compare("LT", u, p), out.dtype));
+  ctx.set_result(ctx.convert(ctx.compare(Cmp::LT, u, p), out.dtype));
 }
 
 int64_t mantissa_range(DType dtype) {
@@ -140,15 +145,18 @@ int64_t mantissa_range(DType dtype) {
   }
 }
 
+// random's bounds: [from, to), [0, to) or the dtype's range.
+enum class Bounds : uint8_t { FromTo, To, Dtype };
+
 // random.from(self, from, to) / random.to(self, to) / random(self): integers uniform in
 // [from, to) (default bounds as PyTorch: the exactly representable range of the dtype).
 void lower_random(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  std::string kind = rule_data(node);
+  Bounds bounds = rule_param<Bounds>(node);
   int64_t from = 0, range = 0;
-  if (kind == "from" || kind == "to") {
-    from = kind == "from" ? node.args[1].i : 0;
-    const Arg& to_arg = node.args[kind == "from" ? 2 : 1];
+  if (bounds != Bounds::Dtype) {
+    from = bounds == Bounds::FromTo ? node.args[1].i : 0;
+    const Arg& to_arg = node.args[bounds == Bounds::FromTo ? 2 : 1];
     if (!to_arg.is_none()) {
       int64_t to = to_arg.i;
       check_argument(from < to, "random_ expects 'from' to be less than 'to', but got from=" + std::to_string(from) +
@@ -163,9 +171,9 @@ void lower_random(LoweringContext& ctx, const Node& node) {
     range = mantissa_range(out.dtype);
   }
   V bits = ctx.random_bits(node, out.shape, 64);
-  V r = ctx.binary("stablehlo.shift_right_logical", bits, ctx.constant_int(1, DType::Int64, out.shape));
-  if (range > 0) r = ctx.binary("stablehlo.remainder", r, ctx.constant_int(range, DType::Int64, out.shape));
-  if (from != 0) r = ctx.binary("stablehlo.add", r, ctx.constant_int(from, DType::Int64, out.shape));
+  V r = ctx.binary(Hlo::ShiftRightLogical, bits, ctx.constant_int(1, DType::Int64, out.shape));
+  if (range > 0) r = ctx.binary(Hlo::Remainder, r, ctx.constant_int(range, DType::Int64, out.shape));
+  if (from != 0) r = ctx.binary(Hlo::Add, r, ctx.constant_int(from, DType::Int64, out.shape));
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 
@@ -176,8 +184,8 @@ void lower_exponential(LoweringContext& ctx, const Node& node) {
   check_argument(lambda > 0.0, "exponential_ expects lambda > 0.0, but found lambda=" + format_number(lambda));
   DType ct = float_compute(out.dtype);
   V u = ctx.random_uniform(node, out.shape, ct);
-  V e = ctx.unary("stablehlo.negate", ctx.unary("stablehlo.log_plus_one", ctx.unary("stablehlo.negate", u)));
-  e = ctx.binary("stablehlo.divide", e, ctx.constant(node.args[1].as_double(), ct, out.shape));
+  V e = ctx.unary(Hlo::Negate, ctx.unary(Hlo::LogPlusOne, ctx.unary(Hlo::Negate, u)));
+  e = ctx.binary(Hlo::Divide, e, ctx.constant(node.args[1].as_double(), ct, out.shape));
   ctx.set_result(ctx.convert(e, out.dtype));
 }
 
@@ -205,10 +213,10 @@ void lower_multinomial(LoweringContext& ctx, const Node& node) {
   V probs = ctx.reshape(ctx.convert(p, ct), {rows, categories});
   Ex e = make_ex(ctx, ct, {rows, categories});
   TensorType flags{{rows, categories}, DType::Bool};
-  V nan = e.isnan(probs), negative = e.cmp("LT", probs, e.k(0.0));
-  V infinite = e.band(e.bnot(nan), e.bnot(ctx.emit("stablehlo.is_finite", {probs}, flags)));
-  V row_sum = ctx.reduce(probs, {1}, ctx.constant(0.0, ct), "stablehlo.add");
-  V empty_row = ctx.compare("LE", row_sum, ctx.constant(0.0, ct, {rows}));
+  V nan = e.isnan(probs), negative = e.cmp(Cmp::LT, probs, e.k(0.0));
+  V infinite = e.band(e.bnot(nan), e.bnot(ctx.emit(Hlo::IsFinite, {probs}, flags)));
+  V row_sum = ctx.reduce(probs, {1}, ctx.constant(0.0, ct), Hlo::Add);
+  V empty_row = ctx.compare(Cmp::LE, row_sum, ctx.constant(0.0, ct, {rows}));
   if (!replacement || samples == 1) {
     ctx.check(e.bor(e.bor(nan, negative), infinite), V{},
               RuntimeCheck{RuntimeCheck::Error::Runtime, "probability tensor contains either `inf`, `nan` or element < 0"});
@@ -224,20 +232,20 @@ void lower_multinomial(LoweringContext& ctx, const Node& node) {
   int64_t races = replacement ? samples : 1;
   std::vector<int64_t> shape{rows, races, categories};
   V u = ctx.random_uniform(node, shape, ct);
-  V q = ctx.unary("stablehlo.negate", ctx.unary("stablehlo.log_plus_one", ctx.unary("stablehlo.negate", u)));
-  V ratio = ctx.binary("stablehlo.divide", ctx.broadcast_in_dim(probs, shape, {0, 2}), q);
+  V q = ctx.unary(Hlo::Negate, ctx.unary(Hlo::LogPlusOne, ctx.unary(Hlo::Negate, u)));
+  V ratio = ctx.binary(Hlo::Divide, ctx.broadcast_in_dim(probs, shape, {0, 2}), q);
   V picked;
   if (replacement || samples == 1) {
     // The first index of each race's largest ratio (argmax).
-    V best = ctx.reduce(ratio, {2}, ctx.constant(-INFINITY, ct), "stablehlo.maximum");
+    V best = ctx.reduce(ratio, {2}, ctx.constant(-INFINITY, ct), Hlo::Maximum);
     V index = ctx.iota(TensorType{shape, DType::Int64}, 2);
-    V at_best = ctx.compare("EQ", ratio, ctx.broadcast_in_dim(best, shape, {0, 1}));
+    V at_best = ctx.compare(Cmp::EQ, ratio, ctx.broadcast_in_dim(best, shape, {0, 1}));
     V candidates = ctx.select(at_best, index, ctx.constant_int(categories, DType::Int64, shape));
-    picked = ctx.reduce(candidates, {2}, ctx.constant_int(categories, DType::Int64), "stablehlo.minimum");
+    picked = ctx.reduce(candidates, {2}, ctx.constant_int(categories, DType::Int64), Hlo::Minimum);
   } else {
     V flat = ctx.reshape(ratio, {rows, categories});
     V order = ctx.iota(TensorType{{rows, categories}, DType::Int64}, 1);
-    std::vector<V> sorted = sort_stable(ctx, {ctx.unary("stablehlo.negate", flat)}, {order}, 1);
+    std::vector<V> sorted = sort_stable(ctx, {ctx.unary(Hlo::Negate, flat)}, {order}, 1);
     picked = ctx.slice(sorted[1], {0, 0}, {rows, samples}, {1, 1});
   }
   ctx.set_result(ctx.reshape(picked, out.shape));
@@ -255,10 +263,10 @@ void lower_native_dropout(LoweringContext& ctx, const Node& node) {
   }
   DType ct = float_compute(out.dtype);
   V u = ctx.random_uniform(node, out.shape, ct);
-  V mask = ctx.compare("LT", u, ctx.constant(1.0 - p, ct, out.shape));
+  V mask = ctx.compare(Cmp::LT, u, ctx.constant(1.0 - p, ct, out.shape));
   double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
   V kept = ctx.select(mask, x, ctx.constant(0, out.dtype, out.shape));
-  ctx.set_results({ctx.binary("stablehlo.multiply", kept, ctx.constant(scale, out.dtype, out.shape)), mask});
+  ctx.set_results({ctx.binary(Hlo::Multiply, kept, ctx.constant(scale, out.dtype, out.shape)), mask});
 }
 
 // native_dropout_backward(grad, mask, scale)
@@ -266,7 +274,7 @@ void lower_native_dropout_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V g = ctx.input(node, 0);
   V mask = to_type(ctx, ctx.input(node, 1), DType::Bool, out.shape);
-  V scaled = ctx.binary("stablehlo.multiply", g, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
+  V scaled = ctx.binary(Hlo::Multiply, g, ctx.broadcast_to(ctx.scalar(node, 2, out.dtype), out.shape));
   ctx.set_result(ctx.select(mask, scaled, ctx.constant(0, out.dtype, out.shape)));
 }
 
@@ -275,20 +283,20 @@ constexpr RuleFlags kFloatDraws{.random = true, .refuses = kBoolDTypes | kIntege
 // normal(mean, std) draws in its first tensor's dtype, where the meta kernel promotes to float.
 constexpr RuleFlags kSelfFloatDraws{.random = true, .refuses = kBoolDTypes | kIntegerDTypes, .judged_on = Judged::Self};
 LOWERING("aten::uniform", lower_uniform, nullptr, kFloatDraws);
-LOWERING("aten::normal_functional", lower_normal, "functional", kFloatDraws);
-LOWERING("aten::normal.Tensor_float", lower_normal, "tensor", kSelfFloatDraws);
-LOWERING("aten::normal.float_Tensor", lower_normal, "tensor", kSelfFloatDraws);
-LOWERING("aten::normal.Tensor_Tensor", lower_normal, "tensor", kSelfFloatDraws);
-LOWERING("aten::normal.float_float", lower_normal, "tensor", kFloatDraws);
-LOWERING("aten::bernoulli", lower_bernoulli, nullptr, kFloatDraws);
-LOWERING("aten::bernoulli.p", lower_bernoulli, "p", false, true);
-LOWERING("aten::bernoulli.Tensor", lower_bernoulli, nullptr, kFloatDraws);
-LOWERING("aten::random.from", lower_random, "from", false, true);
-LOWERING("aten::random.to", lower_random, "to", false, true);
-LOWERING("aten::random", lower_random, "all", false, true);
+LOWERING("aten::normal_functional", lower_normal, NormalArgs::SelfMeanStd, kFloatDraws);
+LOWERING("aten::normal.Tensor_float", lower_normal, NormalArgs::MeanStd, kSelfFloatDraws);
+LOWERING("aten::normal.float_Tensor", lower_normal, NormalArgs::MeanStd, kSelfFloatDraws);
+LOWERING("aten::normal.Tensor_Tensor", lower_normal, NormalArgs::MeanStd, kSelfFloatDraws);
+LOWERING("aten::normal.float_float", lower_normal, NormalArgs::MeanStd, kFloatDraws);
+LOWERING("aten::bernoulli", lower_bernoulli, Probability::Tensor, kFloatDraws);
+LOWERING("aten::bernoulli.p", lower_bernoulli, Probability::Number, RuleFlags{.random = true});
+LOWERING("aten::bernoulli.Tensor", lower_bernoulli, Probability::Tensor, kFloatDraws);
+LOWERING("aten::random.from", lower_random, Bounds::FromTo, RuleFlags{.random = true});
+LOWERING("aten::random.to", lower_random, Bounds::To, RuleFlags{.random = true});
+LOWERING("aten::random", lower_random, Bounds::Dtype, RuleFlags{.random = true});
 LOWERING("aten::exponential", lower_exponential, nullptr, kFloatDraws);
-LOWERING("aten::multinomial", lower_multinomial, nullptr, false, true);
-LOWERING("aten::native_dropout", lower_native_dropout, nullptr, false, true);
+LOWERING("aten::multinomial", lower_multinomial, nullptr, RuleFlags{.random = true});
+LOWERING("aten::native_dropout", lower_native_dropout, nullptr, RuleFlags{.random = true});
 LOWERING("aten::native_dropout_backward", lower_native_dropout_backward);
 
 }  // namespace

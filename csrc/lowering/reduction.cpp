@@ -10,6 +10,13 @@
 namespace torchtpu {
 namespace {
 
+// The parameters of this file's families.
+enum class SumMean : uint8_t { Sum, Mean };
+enum class VarStd : uint8_t { Var, Std, VarMean, StdMean };
+enum class AnyAll : uint8_t { Any, All };
+enum class NormDims : uint8_t { Given, All };  // norm over the dims argument, or all (norm.Scalar)
+enum class Cumulative : uint8_t { Sum, Prod };
+
 DType acc_dtype(DType dtype) {
   return dtype == DType::BFloat16 || dtype == DType::Float16 ? DType::Float32 : dtype;
 }
@@ -56,9 +63,9 @@ void lower_sum_mean(LoweringContext& ctx, const Node& node) {
   std::vector<int64_t> dims = has_dims ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
   DType acc = acc_dtype(out.dtype);
   V total = sum_dims(ctx, ctx.convert(x, acc), dims);
-  if (rule_data(node) && std::string(rule_data(node)) == "mean") {
+  if (rule_param<SumMean>(node) == SumMean::Mean) {
     int64_t count = count_of(x, dims);
-    total = ctx.binary("stablehlo.divide", total, ctx.constant(static_cast<double>(count), acc, total.type.shape));
+    total = ctx.binary(Hlo::Divide, total, ctx.constant(static_cast<double>(count), acc, total.type.shape));
   }
   ctx.set_result(ctx.reshape(ctx.convert(total, out.dtype), out.shape));
 }
@@ -70,44 +77,46 @@ void lower_prod(LoweringContext& ctx, const Node& node) {
   bool has_dim = node.args.size() >= 3;
   std::vector<int64_t> dims = has_dim ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
   DType acc = acc_dtype(out.dtype);
-  V r = ctx.reduce(ctx.convert(x, acc), dims, ctx.constant(1, acc), out.dtype == DType::Bool ? "stablehlo.and" : "stablehlo.multiply");
+  V r = ctx.reduce(ctx.convert(x, acc), dims, ctx.constant(1, acc), out.dtype == DType::Bool ? Hlo::And : Hlo::Multiply);
   ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
 }
 
 // var.correction / std.correction (self, dim?, correction?, keepdim) and *_mean.correction.
 void lower_var_std(LoweringContext& ctx, const Node& node) {
-  std::string f = rule_data(node);
+  VarStd f = rule_param<VarStd>(node);
+  bool with_mean = f == VarStd::VarMean || f == VarStd::StdMean;
   const TensorType& out = ctx.out(node);
   V x0 = ctx.input(node, 0);
   // Dispatch sends integer and bool inputs to CPU's kernel (kVarStd); a graph lowered whole
   // (torch.compile) can meet this check instead (RuntimeError; on torch 2.15 the compiled call
   // raises CPU's NotImplementedError before it).
-  check_argument(is_floating(x0.type.dtype) || is_complex(x0.type.dtype), (f == "var" || f == "std" ? std::string("std and var") : f) +
-                                                 " only support floating point and complex dtypes");
+  const char* names = !with_mean ? "std and var" : f == VarStd::VarMean ? "var_mean" : "std_mean";
+  check_argument(is_floating(x0.type.dtype) || is_complex(x0.type.dtype),
+                 std::string(names) + " only support floating point and complex dtypes");
   std::vector<int64_t> dims = reduced_dims(node, 1, x0.type.rank());
   DType acc = acc_dtype(is_complex(x0.type.dtype) ? x0.type.dtype : out.dtype);  // complex input: real var
   V x = ctx.convert(x0, acc);
   int64_t count = count_of(x, dims);
   V mean = sum_dims(ctx, x, dims);
-  mean = ctx.binary("stablehlo.divide", mean, ctx.constant(static_cast<double>(count), acc, mean.type.shape));
-  V centered = ctx.binary("stablehlo.subtract", x, unreduce(ctx, mean, x, dims));
+  mean = ctx.binary(Hlo::Divide, mean, ctx.constant(static_cast<double>(count), acc, mean.type.shape));
+  V centered = ctx.binary(Hlo::Subtract, x, unreduce(ctx, mean, x, dims));
   V squares;
   if (is_complex(acc)) {
     // |x - mean|^2: the variance of complex values is real.
     V re = ctx.real_part(centered), im = ctx.imag_part(centered);
-    squares = ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", re, re), ctx.binary("stablehlo.multiply", im, im));
+    squares = ctx.binary(Hlo::Add, ctx.binary(Hlo::Multiply, re, re), ctx.binary(Hlo::Multiply, im, im));
     acc = re.type.dtype;
   } else {
-    squares = ctx.binary("stablehlo.multiply", centered, centered);
+    squares = ctx.binary(Hlo::Multiply, centered, centered);
   }
   V sq = sum_dims(ctx, squares, dims);
   V correction = node.args.size() > 2 && !node.args[2].is_none() ? ctx.scalar(node, 2, acc) : ctx.constant(1, acc);
-  V divisor = ctx.binary("stablehlo.subtract", ctx.constant(static_cast<double>(count), acc), correction);
-  divisor = ctx.binary("stablehlo.maximum", divisor, ctx.constant(0, acc));
-  V var = ctx.binary("stablehlo.divide", sq, ctx.broadcast_to(divisor, sq.type.shape));
-  if (f == "std" || f == "std_mean") var = ctx.unary("stablehlo.sqrt", var);
+  V divisor = ctx.binary(Hlo::Subtract, ctx.constant(static_cast<double>(count), acc), correction);
+  divisor = ctx.binary(Hlo::Maximum, divisor, ctx.constant(0, acc));
+  V var = ctx.binary(Hlo::Divide, sq, ctx.broadcast_to(divisor, sq.type.shape));
+  if (f == VarStd::Std || f == VarStd::StdMean) var = ctx.unary(Hlo::Sqrt, var);
   V result = ctx.reshape(ctx.convert(var, out.dtype), out.shape);
-  if (f == "var" || f == "std") {
+  if (!with_mean) {
     ctx.set_result(result);
   } else {
     ctx.set_results({result, ctx.reshape(ctx.convert(mean, ctx.out(node, 1).dtype), ctx.out(node, 1).shape)});
@@ -117,15 +126,15 @@ void lower_var_std(LoweringContext& ctx, const Node& node) {
 // max/min (unary), amax/amin(self, dim[], keepdim): NaN propagates.
 void lower_extremum(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  bool is_max = std::string(rule_data(node)) == "max";
+  bool is_max = rule_param<Extremum>(node) == Extremum::Max;
   V x = ctx.input(node, 0);
   std::vector<int64_t> dims = node.args.size() > 1 ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
   DType dt = x.type.dtype;
   V init = is_max ? lowest_scalar(ctx, dt) : highest_scalar(ctx, dt);
-  V r = ctx.reduce(x, dims, init, is_max ? "stablehlo.maximum" : "stablehlo.minimum");
+  V r = ctx.reduce(x, dims, init, is_max ? Hlo::Maximum : Hlo::Minimum);
   if (is_floating(dt)) {
     // NaN wins regardless of how the backend's max treats it.
-    V any_nan = ctx.reduce(ctx.compare("NE", x, x), dims, ctx.constant(0, DType::Bool), "stablehlo.or");
+    V any_nan = ctx.reduce(ctx.compare(Cmp::NE, x, x), dims, ctx.constant(0, DType::Bool), Hlo::Or);
     r = ctx.select(any_nan, ctx.constant(NAN, dt, r.type.shape), r);
   }
   ctx.set_result(ctx.reshape(r, out.shape));
@@ -142,28 +151,28 @@ std::vector<V> arg_reduce(LoweringContext& ctx, const V& x, int64_t dim, bool is
   std::string body = ctx.region({sv, si, sv, si}, [&](const std::vector<V>& a) {
     const V &av = a[0], &ai = a[1], &bv = a[2], &bi = a[3];
     V better = ctx.compare(is_max ? "GT" : "LT", av, bv);
-    V equal = ctx.compare("EQ", av, bv);
+    V equal = ctx.compare(Cmp::EQ, av, bv);
     if (is_floating(dt)) {
-      V a_nan = ctx.compare("NE", av, av), b_nan = ctx.compare("NE", bv, bv);
-      V b_not_nan = ctx.unary("stablehlo.not", b_nan);
-      better = ctx.binary("stablehlo.or", better, ctx.binary("stablehlo.and", a_nan, b_not_nan));
-      equal = ctx.binary("stablehlo.or", equal, ctx.binary("stablehlo.and", a_nan, b_nan));
+      V a_nan = ctx.compare(Cmp::NE, av, av), b_nan = ctx.compare(Cmp::NE, bv, bv);
+      V b_not_nan = ctx.unary(Hlo::Not, b_nan);
+      better = ctx.binary(Hlo::Or, better, ctx.binary(Hlo::And, a_nan, b_not_nan));
+      equal = ctx.binary(Hlo::Or, equal, ctx.binary(Hlo::And, a_nan, b_nan));
     }
-    V first = ctx.binary("stablehlo.and", equal, ctx.compare("LT", ai, bi));
-    V pick = ctx.binary("stablehlo.or", better, first);
+    V first = ctx.binary(Hlo::And, equal, ctx.compare(Cmp::LT, ai, bi));
+    V pick = ctx.binary(Hlo::Or, better, first);
     return std::vector<V>{ctx.select(pick, av, bv), ctx.select(pick, ai, bi)};
   });
   std::vector<int64_t> shape;
   for (int64_t i = 0; i < x.type.rank(); ++i)
     if (i != dim) shape.push_back(x.type.shape[i]);
-  return ctx.emit_multi("stablehlo.reduce", {x, idx, init_v, init_i},
+  return ctx.emit_multi(Hlo::Reduce, {x, idx, init_v, init_i},
                         {TensorType{shape, dt}, TensorType{shape, DType::Int64}},
                         "dimensions = " + format_dims({dim}), body);
 }
 
 // max.dim / min.dim (self, dim, keepdim) -> (values, indices)
 void lower_extremum_dim(LoweringContext& ctx, const Node& node) {
-  bool is_max = std::string(rule_data(node)) == "max";
+  bool is_max = rule_param<Extremum>(node) == Extremum::Max;
   V x = ctx.input(node, 0);
   if (x.type.rank() == 0) {
     ctx.set_results({x, ctx.constant_int(0, DType::Int64)});
@@ -177,7 +186,7 @@ void lower_extremum_dim(LoweringContext& ctx, const Node& node) {
 // argmax / argmin (self, dim?, keepdim)
 void lower_argextremum(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  bool is_max = std::string(rule_data(node)) == "max";
+  bool is_max = rule_param<Extremum>(node) == Extremum::Max;
   V x = ctx.input(node, 0);
   int64_t dim = 0;
   if (node.args[1].is_none() || x.type.rank() == 0) {
@@ -195,11 +204,11 @@ void lower_logsumexp(LoweringContext& ctx, const Node& node) {
   DType acc = acc_dtype(out.dtype);
   V x = ctx.convert(ctx.input(node, 0), acc);
   std::vector<int64_t> dims = reduced_dims(node, 1, x.type.rank());
-  V m = ctx.reduce(x, dims, lowest_scalar(ctx, acc), "stablehlo.maximum");
+  V m = ctx.reduce(x, dims, lowest_scalar(ctx, acc), Hlo::Maximum);
   V inf = ctx.constant(INFINITY, acc, m.type.shape);
-  m = ctx.select(ctx.compare("EQ", ctx.unary("stablehlo.abs", m), inf), ctx.constant(0, acc, m.type.shape), m);
-  V e = ctx.unary("stablehlo.exponential", ctx.binary("stablehlo.subtract", x, unreduce(ctx, m, x, dims)));
-  V r = ctx.binary("stablehlo.add", ctx.unary("stablehlo.log", sum_dims(ctx, e, dims)), m);
+  m = ctx.select(ctx.compare(Cmp::EQ, ctx.unary(Hlo::Abs, m), inf), ctx.constant(0, acc, m.type.shape), m);
+  V e = ctx.unary(Hlo::Exponential, ctx.binary(Hlo::Subtract, x, unreduce(ctx, m, x, dims)));
+  V r = ctx.binary(Hlo::Add, ctx.unary(Hlo::Log, sum_dims(ctx, e, dims)), m);
   ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
 }
 
@@ -208,10 +217,10 @@ void lower_aminmax(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   std::vector<int64_t> dims = reduced_dims(node, 1, x.type.rank());
   DType dt = x.type.dtype;
-  V lo = ctx.reduce(x, dims, highest_scalar(ctx, dt), "stablehlo.minimum");
-  V hi = ctx.reduce(x, dims, lowest_scalar(ctx, dt), "stablehlo.maximum");
+  V lo = ctx.reduce(x, dims, highest_scalar(ctx, dt), Hlo::Minimum);
+  V hi = ctx.reduce(x, dims, lowest_scalar(ctx, dt), Hlo::Maximum);
   if (is_floating(dt)) {
-    V any_nan = ctx.reduce(ctx.compare("NE", x, x), dims, ctx.constant(0, DType::Bool), "stablehlo.or");
+    V any_nan = ctx.reduce(ctx.compare(Cmp::NE, x, x), dims, ctx.constant(0, DType::Bool), Hlo::Or);
     lo = ctx.select(any_nan, ctx.constant(NAN, dt, lo.type.shape), lo);
     hi = ctx.select(any_nan, ctx.constant(NAN, dt, hi.type.shape), hi);
   }
@@ -225,7 +234,7 @@ void lower_nansum(LoweringContext& ctx, const Node& node) {
   std::vector<int64_t> dims = reduced_dims(node, 1, x.type.rank());
   DType acc = acc_dtype(out.dtype);
   V xa = ctx.convert(x, acc);
-  if (is_floating(acc)) xa = ctx.select(ctx.compare("NE", xa, xa), ctx.constant(0, acc, xa.type.shape), xa);
+  if (is_floating(acc)) xa = ctx.select(ctx.compare(Cmp::NE, xa, xa), ctx.constant(0, acc, xa.type.shape), xa);
   ctx.set_result(ctx.reshape(ctx.convert(sum_dims(ctx, xa, dims), out.dtype), out.shape));
 }
 
@@ -234,7 +243,7 @@ void lower_trace(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.convert(ctx.input(node, 0), acc_dtype(out.dtype));
   TensorType it{x.type.shape, DType::Int64};
-  V diagonal = ctx.compare("EQ", ctx.iota(it, 0), ctx.iota(it, 1));
+  V diagonal = ctx.compare(Cmp::EQ, ctx.iota(it, 0), ctx.iota(it, 1));
   V kept = ctx.select(diagonal, x, ctx.constant(0, x.type.dtype, x.type.shape));
   ctx.set_result(ctx.convert(sum_dims(ctx, kept, {0, 1}), out.dtype));
 }
@@ -243,7 +252,7 @@ void lower_trace(LoweringContext& ctx, const Node& node) {
 void lower_trace_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   TensorType it{out.shape, DType::Int64};
-  V diagonal = ctx.compare("EQ", ctx.iota(it, 0), ctx.iota(it, 1));
+  V diagonal = ctx.compare(Cmp::EQ, ctx.iota(it, 0), ctx.iota(it, 1));
   V g = to_type(ctx, ctx.input(node, 0), out.dtype, out.shape);
   ctx.set_result(ctx.select(diagonal, g, ctx.constant(0, out.dtype, out.shape)));
 }
@@ -259,32 +268,32 @@ void lower_renorm(LoweringContext& ctx, const Node& node) {
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < x.type.rank(); ++d)
     if (d != dim) dims.push_back(d);
-  V a = ctx.unary("stablehlo.abs", x);
+  V a = ctx.unary(Hlo::Abs, x);
   V norm;
   if (std::isinf(p)) {
     norm = ctx.reduce(a, dims, p > 0 ? lowest_scalar(ctx, acc) : highest_scalar(ctx, acc),
-                      p > 0 ? "stablehlo.maximum" : "stablehlo.minimum");
+                      p > 0 ? Hlo::Maximum : Hlo::Minimum);
   } else if (p == 1) {
     norm = sum_dims(ctx, a, dims);
   } else {
-    V pw = ctx.binary("stablehlo.power", a, ctx.constant(p, acc, a.type.shape));
+    V pw = ctx.binary(Hlo::Power, a, ctx.constant(p, acc, a.type.shape));
     V s = sum_dims(ctx, pw, dims);
-    norm = ctx.binary("stablehlo.power", s, ctx.constant(1.0 / p, acc, s.type.shape));
+    norm = ctx.binary(Hlo::Power, s, ctx.constant(1.0 / p, acc, s.type.shape));
   }
   V maxnorm = ctx.broadcast_to(ctx.scalar(node, 3, acc), norm.type.shape);
-  V factor = ctx.binary("stablehlo.divide", maxnorm,
-                        ctx.binary("stablehlo.add", norm, ctx.constant(1e-7, acc, norm.type.shape)));
-  factor = ctx.select(ctx.compare("GT", norm, maxnorm), factor, ctx.constant(1, acc, norm.type.shape));
-  ctx.set_result(ctx.convert(ctx.binary("stablehlo.multiply", x, unreduce(ctx, factor, x, dims)), out.dtype));
+  V factor = ctx.binary(Hlo::Divide, maxnorm,
+                        ctx.binary(Hlo::Add, norm, ctx.constant(1e-7, acc, norm.type.shape)));
+  factor = ctx.select(ctx.compare(Cmp::GT, norm, maxnorm), factor, ctx.constant(1, acc, norm.type.shape));
+  ctx.set_result(ctx.convert(ctx.binary(Hlo::Multiply, x, unreduce(ctx, factor, x, dims)), out.dtype));
 }
 
 // any / all (self) (.dim, .dims)
 void lower_any_all(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  bool is_any = std::string(rule_data(node)) == "any";
+  bool is_any = rule_param<AnyAll>(node) == AnyAll::Any;
   V x = ctx.convert(ctx.input(node, 0), DType::Bool);
   std::vector<int64_t> dims = node.args.size() > 1 ? reduced_dims(node, 1, x.type.rank()) : all_dims(x.type.rank());
-  V r = ctx.reduce(x, dims, ctx.constant(is_any ? 0 : 1, DType::Bool), is_any ? "stablehlo.or" : "stablehlo.and");
+  V r = ctx.reduce(x, dims, ctx.constant(is_any ? 0 : 1, DType::Bool), is_any ? Hlo::Or : Hlo::And);
   ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
 }
 
@@ -297,26 +306,26 @@ void lower_vector_norm(LoweringContext& ctx, const Node& node) {
   V x0 = ctx.input(node, 0);
   // A complex input's norm is of its magnitudes (abs is real); zeros count as for reals.
   V x = is_complex(x0.type.dtype) ? x0 : ctx.convert(x0, acc);
-  bool all = rule_data(node) && std::string(rule_data(node)) == "all";  // no dim argument
+  bool all = rule_param<NormDims>(node) == NormDims::All;  // no dim argument
   std::vector<int64_t> dims = all ? all_dims(x.type.rank()) : reduced_dims(node, 2, x.type.rank());
-  V a = ctx.convert(ctx.emit("stablehlo.abs", {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)}), acc);
+  V a = ctx.convert(ctx.emit(Hlo::Abs, {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)}), acc);
   V r;
   if (std::isinf(ord)) {
     bool is_max = ord > 0;
     r = ctx.reduce(a, dims, is_max ? lowest_scalar(ctx, acc) : highest_scalar(ctx, acc),
-                   is_max ? "stablehlo.maximum" : "stablehlo.minimum");
-    V any_nan = ctx.reduce(ctx.compare("NE", a, a), dims, ctx.constant(0, DType::Bool), "stablehlo.or");
+                   is_max ? Hlo::Maximum : Hlo::Minimum);
+    V any_nan = ctx.reduce(ctx.compare(Cmp::NE, a, a), dims, ctx.constant(0, DType::Bool), Hlo::Or);
     r = ctx.select(any_nan, ctx.constant(NAN, acc, r.type.shape), r);
   } else if (ord == 0) {
-    r = sum_dims(ctx, ctx.convert(ctx.compare("NE", x, ctx.constant(0, x.type.dtype, x.type.shape)), acc), dims);
+    r = sum_dims(ctx, ctx.convert(ctx.compare(Cmp::NE, x, ctx.constant(0, x.type.dtype, x.type.shape)), acc), dims);
   } else if (ord == 1) {
     r = sum_dims(ctx, a, dims);
   } else if (ord == 2) {
-    r = ctx.unary("stablehlo.sqrt", sum_dims(ctx, ctx.binary("stablehlo.multiply", a, a), dims));
+    r = ctx.unary(Hlo::Sqrt, sum_dims(ctx, ctx.binary(Hlo::Multiply, a, a), dims));
   } else {
-    V p = ctx.binary("stablehlo.power", a, ctx.constant(ord, acc, a.type.shape));
+    V p = ctx.binary(Hlo::Power, a, ctx.constant(ord, acc, a.type.shape));
     V s = sum_dims(ctx, p, dims);
-    r = ctx.binary("stablehlo.power", s, ctx.constant(1.0 / ord, acc, s.type.shape));
+    r = ctx.binary(Hlo::Power, s, ctx.constant(1.0 / ord, acc, s.type.shape));
   }
   ctx.set_result(ctx.reshape(ctx.convert(r, out.dtype), out.shape));
 }
@@ -324,7 +333,7 @@ void lower_vector_norm(LoweringContext& ctx, const Node& node) {
 // cumsum / cumprod (self, dim, dtype?): a reduce_window over the prefix along dim.
 void lower_cumulative(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
-  bool is_sum = std::string(rule_data(node)) == "sum";
+  bool is_sum = rule_param<Cumulative>(node) == Cumulative::Sum;
   DType acc = acc_dtype(out.dtype);
   V x = ctx.convert(ctx.input(node, 0), acc);
   if (x.type.rank() == 0 || x.type.numel() == 0) {
@@ -334,8 +343,8 @@ void lower_cumulative(LoweringContext& ctx, const Node& node) {
   int64_t rank = x.type.rank();
   int64_t dim = wrap_dim(node.args[1].as_int(), rank);
   int64_t n = x.type.shape[dim];
-  const char* op = is_sum ? (acc == DType::Bool ? "stablehlo.or" : "stablehlo.add")
-                          : (acc == DType::Bool ? "stablehlo.and" : "stablehlo.multiply");
+  Hlo op = is_sum ? (acc == DType::Bool ? Hlo::Or : Hlo::Add)
+                          : (acc == DType::Bool ? Hlo::And : Hlo::Multiply);
   V init = is_sum ? ctx.constant(0, acc) : ctx.constant(1, acc);
   TensorType scalar{{}, acc};
   std::string body = ctx.region({scalar, scalar}, [&](const std::vector<V>& a) {
@@ -347,55 +356,55 @@ void lower_cumulative(LoweringContext& ctx, const Node& node) {
   for (int64_t i = 0; i < rank; ++i)
     padding += std::string(i ? ", " : "") + "[" + (i == dim ? std::to_string(n - 1) : "0") + ", 0]";
   padding += "]> : tensor<" + std::to_string(rank) + "x2xi64>";
-  V r = ctx.emit("stablehlo.reduce_window", {x, init}, x.type,
+  V r = ctx.emit(Hlo::ReduceWindow, {x, init}, x.type,
                  "window_dimensions = " + format_dims(window) + ", window_strides = " + format_dims(strides) + ", " +
                      padding,
                  body);
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 
-LOWERING("aten::sum", lower_sum_mean, nullptr, kTakesComplex);
-LOWERING("aten::sum.dim_IntList", lower_sum_mean, nullptr, kTakesComplex);
-LOWERING("aten::mean.dim", lower_sum_mean, "mean", kTakesComplex);
-LOWERING("aten::mean", lower_sum_mean, "mean", kTakesComplex);
+LOWERING("aten::sum", lower_sum_mean, SumMean::Sum, kTakesComplex);
+LOWERING("aten::sum.dim_IntList", lower_sum_mean, SumMean::Sum, kTakesComplex);
+LOWERING("aten::mean.dim", lower_sum_mean, SumMean::Mean, kTakesComplex);
+LOWERING("aten::mean", lower_sum_mean, SumMean::Mean, kTakesComplex);
 LOWERING("aten::prod", lower_prod, nullptr, kTakesComplex);
 LOWERING("aten::prod.dim_int", lower_prod, nullptr, kTakesComplex);
 // CPU refuses integer and bool inputs ("std and var only support floating point and complex
 // dtypes"; PyTorch's meta kernel passes them): such calls run through CPU's kernel, whose error
 // type is its torch release's (RuntimeError to 2.14, NotImplementedError from 2.15).
 constexpr RuleFlags kVarStd{.complex = true, .refuses = kBoolDTypes | kIntegerDTypes, .judged_on = Judged::Self};
-LOWERING("aten::var.correction", lower_var_std, "var", kVarStd);
-LOWERING("aten::std.correction", lower_var_std, "std", kVarStd);
-LOWERING("aten::var_mean.correction", lower_var_std, "var_mean", kVarStd);
-LOWERING("aten::std_mean.correction", lower_var_std, "std_mean", kVarStd);
-LOWERING("aten::max", lower_extremum, "max", kNotEmpty);
-LOWERING("aten::min", lower_extremum, "min", kNotEmpty);
-LOWERING("aten::amax", lower_extremum, "max");
-LOWERING("aten::amin", lower_extremum, "min");
-LOWERING("aten::max.dim", lower_extremum_dim, "max", kNotEmpty);
-LOWERING("aten::min.dim", lower_extremum_dim, "min", kNotEmpty);
-LOWERING("aten::argmax", lower_argextremum, "max", kSelfNotBool);
-LOWERING("aten::argmin", lower_argextremum, "min", kSelfNotBool);
+LOWERING("aten::var.correction", lower_var_std, VarStd::Var, kVarStd);
+LOWERING("aten::std.correction", lower_var_std, VarStd::Std, kVarStd);
+LOWERING("aten::var_mean.correction", lower_var_std, VarStd::VarMean, kVarStd);
+LOWERING("aten::std_mean.correction", lower_var_std, VarStd::StdMean, kVarStd);
+LOWERING("aten::max", lower_extremum, Extremum::Max, kNotEmpty);
+LOWERING("aten::min", lower_extremum, Extremum::Min, kNotEmpty);
+LOWERING("aten::amax", lower_extremum, Extremum::Max);
+LOWERING("aten::amin", lower_extremum, Extremum::Min);
+LOWERING("aten::max.dim", lower_extremum_dim, Extremum::Max, kNotEmpty);
+LOWERING("aten::min.dim", lower_extremum_dim, Extremum::Min, kNotEmpty);
+LOWERING("aten::argmax", lower_argextremum, Extremum::Max, kSelfNotBool);
+LOWERING("aten::argmin", lower_argextremum, Extremum::Min, kSelfNotBool);
 LOWERING("aten::logsumexp", lower_logsumexp);
 constexpr RuleFlags kNormFlags{.static_scalars = true, .complex = true};
-LOWERING("aten::any", lower_any_all, "any", kTakesComplex);
-LOWERING("aten::any.dim", lower_any_all, "any", kTakesComplex);
-LOWERING("aten::any.dims", lower_any_all, "any", kTakesComplex);
-LOWERING("aten::all", lower_any_all, "all", kTakesComplex);
-LOWERING("aten::all.dim", lower_any_all, "all", kTakesComplex);
-LOWERING("aten::all.dims", lower_any_all, "all", kTakesComplex);
-LOWERING("aten::linalg_vector_norm", lower_vector_norm, nullptr, kNormFlags);
-LOWERING("aten::norm.Scalar", lower_vector_norm, "all", kNormFlags);
-LOWERING("aten::norm.ScalarOpt_dtype", lower_vector_norm, "all", kNormFlags);
-LOWERING("aten::norm.ScalarOpt_dim", lower_vector_norm, nullptr, kNormFlags);
-LOWERING("aten::norm.ScalarOpt_dim_dtype", lower_vector_norm, nullptr, kNormFlags);
+LOWERING("aten::any", lower_any_all, AnyAll::Any, kTakesComplex);
+LOWERING("aten::any.dim", lower_any_all, AnyAll::Any, kTakesComplex);
+LOWERING("aten::any.dims", lower_any_all, AnyAll::Any, kTakesComplex);
+LOWERING("aten::all", lower_any_all, AnyAll::All, kTakesComplex);
+LOWERING("aten::all.dim", lower_any_all, AnyAll::All, kTakesComplex);
+LOWERING("aten::all.dims", lower_any_all, AnyAll::All, kTakesComplex);
+LOWERING("aten::linalg_vector_norm", lower_vector_norm, NormDims::Given, kNormFlags);
+LOWERING("aten::norm.Scalar", lower_vector_norm, NormDims::All, kNormFlags);
+LOWERING("aten::norm.ScalarOpt_dtype", lower_vector_norm, NormDims::All, kNormFlags);
+LOWERING("aten::norm.ScalarOpt_dim", lower_vector_norm, NormDims::Given, kNormFlags);
+LOWERING("aten::norm.ScalarOpt_dim_dtype", lower_vector_norm, NormDims::Given, kNormFlags);
 LOWERING("aten::aminmax", lower_aminmax);
 LOWERING("aten::nansum", lower_nansum);
 LOWERING("aten::trace", lower_trace, nullptr, kSelfNotBool);
 LOWERING("aten::trace_backward", lower_trace_backward);
-LOWERING("aten::renorm", lower_renorm, nullptr, /*static_scalars=*/false);
-LOWERING("aten::cumsum", lower_cumulative, "sum", kTakesComplex);
-LOWERING("aten::cumprod", lower_cumulative, "prod", kTakesComplex);
+LOWERING("aten::renorm", lower_renorm);
+LOWERING("aten::cumsum", lower_cumulative, Cumulative::Sum, kTakesComplex);
+LOWERING("aten::cumprod", lower_cumulative, Cumulative::Prod, kTakesComplex);
 
 }  // namespace
 }  // namespace torchtpu

@@ -3,6 +3,7 @@
 #include "lowering/registry.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
@@ -33,28 +34,17 @@ void add_rule(const LoweringRule& rule) {
 
 }  // namespace
 
-RegisterLowering::RegisterLowering(RuleSource source, const char* op, LowerFn fn, const char* data,
-                                   bool static_scalars, bool random) {
-  LoweringRule rule{OpKind::intern(op), fn, data, static_scalars, random};
-  rule.function_name = source.function_name;
-  rule.file = source.file;
-  add_rule(rule);
-}
-
-RegisterLowering::RegisterLowering(RuleSource source, const char* op, LowerFn fn, const char* data,
+RegisterLowering::RegisterLowering(RuleSource source, const char* op, LowerFn fn, RuleParam param,
                                    RuleFlags flags) {
-  LoweringRule rule{OpKind::intern(op), fn, data, flags.static_scalars, flags.random};
+  LoweringRule rule;
+  static_cast<RuleFlags&>(rule) = flags;
+  rule.kind = OpKind::intern(op);
+  rule.lower = fn;
+  rule.param = param;
   rule.function_name = source.function_name;
   rule.file = source.file;
-  rule.lifts_floats = flags.lifts_floats;
-  rule.complex = flags.complex;
-  rule.collective = flags.collective;
-  rule.refuses = flags.refuses;
-  rule.judged_on = flags.judged_on;
-  rule.refuses_for = flags.refuses_for;
-  rule.refuses_empty = flags.refuses_empty;
-  rule.index_arg = flags.index_arg;
-  rule.index_refuses = flags.index_refuses;
+  // "nullptr": a rule without a parameter, given only to pass flags.
+  rule.param_text = std::strcmp(source.param_text, "nullptr") == 0 ? "" : source.param_text;
   add_rule(rule);
 }
 
@@ -69,9 +59,10 @@ const LoweringRule* find_lowering(OpKind kind) {
   return kind.id() < t.by_kind.size() ? t.by_kind[kind.id()] : nullptr;
 }
 
-const char* rule_data(const Node& node) {
+const RuleParam& rule_param_of(const Node& node) {
   const LoweringRule* rule = find_lowering(node.op);
-  return rule ? rule->data : nullptr;
+  if (!rule) throw std::logic_error("torchtpu: no lowering for " + node.op.name());
+  return rule->param;
 }
 
 std::vector<std::string> lowered_ops() {

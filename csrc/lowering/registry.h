@@ -1,8 +1,11 @@
 // The table of aten-op lowerings: op kind ("aten::add.Tensor") -> emitter function.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ir/graph.h"
@@ -34,10 +37,43 @@ enum class Judged : uint8_t {
 
 using RefusalFn = DTypeSet (*)(const std::vector<Arg>& args);
 
-struct LoweringRule {
-  OpKind kind;
-  LowerFn lower = nullptr;
-  const char* data = nullptr;   // family parameter, e.g. the StableHLO op of an elementwise rule
+// A rule's family parameter (LOWERING's third argument): one enumerator of its family's enum
+// (Hlo::Add for an elementwise rule, Cmp::LT for a comparison, FloatFn::Exp for a float
+// function, ...) or a number (a pooling rule's spatial dims). It remembers its enum, so a
+// rule reading another family's parameter fails at once, and a misspelt one does not compile.
+class RuleParam {
+ public:
+  constexpr RuleParam() = default;
+  constexpr RuleParam(std::nullptr_t) {}  // a rule without a parameter
+  template <typename E>
+    requires std::is_enum_v<E>
+  RuleParam(E value) : family_(family_of<E>()), value_(static_cast<int>(value)) {}
+  RuleParam(int value) : family_(family_of<int>()), value_(value) {}
+
+  bool empty() const { return family_ == nullptr; }
+  template <typename E>
+  bool is() const { return family_ == family_of<E>(); }
+  // The parameter as the family's enum (or int); throws if the rule was registered with another's.
+  template <typename E>
+  E as() const {
+    if (!is<E>()) throw std::logic_error("torchtpu: a lowering rule read a parameter of another family");
+    return static_cast<E>(value_);
+  }
+
+ private:
+  // One address per type: identifies the enum a parameter came from.
+  template <typename T>
+  static const void* family_of() {
+    static const char id = 0;
+    return &id;
+  }
+  const void* family_ = nullptr;
+  int value_ = 0;
+};
+
+// The rule's properties, declared at registration:
+// LOWERING("aten::norm.Scalar", lower_vector_norm, Norm::All, RuleFlags{.static_scalars = true, .complex = true});
+struct RuleFlags {
   bool static_scalars = false;  // Scalar arguments are compile-time constants (e.g. arange bounds)
   bool random = false;          // consumes the generator: a seed and an offset are appended as args
   // `float` arguments (a C++ double in the schema, not a Scalar) are lifted like Scalars: the
@@ -69,27 +105,26 @@ struct LoweringRule {
   // takes int64 only. Such calls run through the CPU kernel, which raises that error.
   int index_arg = -1;
   DTypeSet index_refuses = 0;
-  // Where the rule is written, for TORCHTPU_EXPLAIN: its function's name and file (LOWERING fills them).
-  const char* function_name = "";
-  const char* file = "";
+  // Linear algebra computed in float32 / float64 only: PyTorch's CPU and CUDA kernels raise for
+  // other dtypes, so the device layer sends those calls to the CPU kernel, which raises that error.
+  bool float32_or_float64 = false;
+  // The value itself (clone, alias_copy, detach_copy): where the result's type is the input's,
+  // the device layer shares the input's value (values are immutable) and records no node.
+  bool identity = false;
 };
 
-// The rule's properties, declared at registration:
-// LOWERING("aten::norm.Scalar", lower_vector_norm, "all", RuleFlags{.static_scalars = true, .complex = true});
-struct RuleFlags {
-  bool static_scalars = false;
-  bool random = false;
-  bool lifts_floats = false;
-  bool complex = false;
-  bool collective = false;
-  DTypeSet refuses = 0;
-  Judged judged_on = Judged::Result;
-  RefusalFn refuses_for = nullptr;
-  bool refuses_empty = false;
-  int index_arg = -1;
-  DTypeSet index_refuses = 0;
+struct LoweringRule : RuleFlags {
+  OpKind kind;
+  LowerFn lower = nullptr;
+  RuleParam param;
+  // Where the rule is written, for TORCHTPU_EXPLAIN: its function's name and file, and its
+  // parameter as written ("Hlo::Add"; LOWERING fills them).
+  const char* function_name = "";
+  const char* file = "";
+  const char* param_text = "";
 };
-// Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, "exp", kTakesComplex);
+
+// Rules whose lowering handles complex values: LOWERING("aten::exp", lower_float_unary, FloatFn::Exp, kTakesComplex);
 inline constexpr RuleFlags kTakesComplex{.complex = true};
 // Rules of ops PyTorch defines for some dtypes only (see LoweringRule::refuses).
 inline constexpr RuleFlags kNoBool{.refuses = kBoolDTypes};                                   // matmul, conv, abs
@@ -113,8 +148,13 @@ inline constexpr DTypeSet kIndicesNotIntOrBool = kIndexNotInt & ~kBoolDTypes;
 
 const LoweringRule* find_lowering(const std::string& op);
 const LoweringRule* find_lowering(OpKind kind);
-// The family parameter of the node's rule (LOWERING's third argument), or nullptr.
-const char* rule_data(const Node& node);
+// The family parameter of the node's rule (LOWERING's third argument) as its family's enum:
+// rule_param<FloatFn>(node).
+const RuleParam& rule_param_of(const Node& node);
+template <typename E>
+E rule_param(const Node& node) {
+  return rule_param_of(node).as<E>();
+}
 std::vector<std::string> lowered_ops();
 
 // Lowers one node with its rule (operands already lowered; lifted_slots: per argument, its
@@ -122,23 +162,25 @@ std::vector<std::string> lowered_ops();
 std::vector<V> lower_node(LoweringContext& ctx, const Node& node, std::vector<V> operands,
                           std::vector<int> lifted_slots);
 
-// Where a rule is written (LoweringRule::function_name, file).
+// Where a rule is written (LoweringRule::function_name, file, param_text).
 struct RuleSource {
   const char* function_name;
   const char* file;
+  const char* param_text;
 };
 
 struct RegisterLowering {
-  RegisterLowering(RuleSource source, const char* op, LowerFn fn, const char* data = nullptr,
-                   bool static_scalars = false, bool random = false);
-  RegisterLowering(RuleSource source, const char* op, LowerFn fn, const char* data, RuleFlags flags);
+  RegisterLowering(RuleSource source, const char* op, LowerFn fn, RuleParam param = nullptr,
+                   RuleFlags flags = RuleFlags{});
 };
 
 #define TORCHTPU_CONCAT_INNER(a, b) a##b
 #define TORCHTPU_CONCAT(a, b) TORCHTPU_CONCAT_INNER(a, b)
-// Registers a lowering at load time: LOWERING("aten::exp", lower_unary, "stablehlo.exponential");
-#define LOWERING(op, fn, ...)                                                                    \
-  static ::torchtpu::RegisterLowering TORCHTPU_CONCAT(lowering_registration_, __COUNTER__)( \
-      ::torchtpu::RuleSource{#fn, __FILE__}, op, fn __VA_OPT__(, ) __VA_ARGS__)
+#define TORCHTPU_FIRST_TEXT(first, ...) #first
+// Registers a lowering at load time: LOWERING("aten::exp", lower_float_unary, FloatFn::Exp, kTakesComplex);
+#define LOWERING(op, fn, ...)                                                                           \
+  static ::torchtpu::RegisterLowering TORCHTPU_CONCAT(lowering_registration_, __COUNTER__)(        \
+      ::torchtpu::RuleSource{#fn, __FILE__, TORCHTPU_FIRST_TEXT(__VA_ARGS__ __VA_OPT__(, ))}, op, \
+      fn __VA_OPT__(, ) __VA_ARGS__)
 
 }  // namespace torchtpu

@@ -567,7 +567,7 @@ V divisors(LoweringContext& ctx, const AvgPool& pool, const std::vector<int64_t>
   return product;
 }
 
-int64_t spatial_dims(const Node& node) { return std::atoi(rule_data(node)); }
+int64_t spatial_dims(const Node& node) { return rule_param<int>(node); }
 
 // avg_pool2d / avg_pool3d(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
 // divisor_override): each window's sum divided by its divisor, as CPU's kernel does; integer
@@ -767,14 +767,14 @@ void lower_upsample_bilinear2d_backward(LoweringContext& ctx, const Node& node) 
   ctx.set_result(ctx.convert(grad, out.dtype));
 }
 
-LOWERING("aten::avg_pool2d", lower_avg_pool, "2", kFloatOrInt64);
-LOWERING("aten::avg_pool2d_backward", lower_avg_pool_backward, "2", kFloatOrInt64);
-LOWERING("aten::avg_pool3d", lower_avg_pool, "3", kFloatOrInt64);
-LOWERING("aten::avg_pool3d_backward", lower_avg_pool_backward, "3", kFloatOrInt64);
-LOWERING("aten::_adaptive_avg_pool2d", lower_adaptive_avg_pool, "2", kFloatOnly);
-LOWERING("aten::_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool_backward, "2");
-LOWERING("aten::_adaptive_avg_pool3d", lower_adaptive_avg_pool, "3", kFloatOnly);
-LOWERING("aten::_adaptive_avg_pool3d_backward", lower_adaptive_avg_pool_backward, "3");
+LOWERING("aten::avg_pool2d", lower_avg_pool, 2, kFloatOrInt64);
+LOWERING("aten::avg_pool2d_backward", lower_avg_pool_backward, 2, kFloatOrInt64);
+LOWERING("aten::avg_pool3d", lower_avg_pool, 3, kFloatOrInt64);
+LOWERING("aten::avg_pool3d_backward", lower_avg_pool_backward, 3, kFloatOrInt64);
+LOWERING("aten::_adaptive_avg_pool2d", lower_adaptive_avg_pool, 2, kFloatOnly);
+LOWERING("aten::_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool_backward, 2);
+LOWERING("aten::_adaptive_avg_pool3d", lower_adaptive_avg_pool, 3, kFloatOnly);
+LOWERING("aten::_adaptive_avg_pool3d_backward", lower_adaptive_avg_pool_backward, 3);
 LOWERING("aten::upsample_nearest2d", lower_upsample_nearest2d);
 LOWERING("aten::upsample_nearest2d_backward", lower_upsample_nearest2d_backward);
 LOWERING("aten::upsample_bilinear2d", lower_upsample_bilinear2d, nullptr, kFloatOnly);

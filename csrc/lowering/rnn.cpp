@@ -23,7 +23,7 @@ V bias_block(LoweringContext& ctx, const Node& node, int arg, int64_t k, int64_t
 
 V plus(const Ex& e, V a, const V& b) { return b.name.empty() ? a : e.add(a, b); }
 
-V sigmoid(const Ex& e, const V& x) { return e.un("stablehlo.logistic", x); }
+V sigmoid(const Ex& e, const V& x) { return e.un(Hlo::Logistic, x); }
 
 // _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias?, hidden_bias?)
 //   -> (hy, cy, workspace = the activated gates [i, f, g, o])
@@ -37,9 +37,9 @@ void lower_fused_lstm_cell(LoweringContext& ctx, const Node& node) {
     V sum = e.add(block(ctx, ig, k, 4), block(ctx, hg, k, 4));
     return plus(e, plus(e, sum, bias_block(ctx, node, 3, k, 4, e)), bias_block(ctx, node, 4, k, 4, e));
   };
-  V i = sigmoid(e, gate(0)), f = sigmoid(e, gate(1)), g = e.un("stablehlo.tanh", gate(2)), o = sigmoid(e, gate(3));
+  V i = sigmoid(e, gate(0)), f = sigmoid(e, gate(1)), g = e.un(Hlo::Tanh, gate(2)), o = sigmoid(e, gate(3));
   V cy = e.add(e.mul(f, cx), e.mul(i, g));
-  V hy = e.mul(o, e.un("stablehlo.tanh", cy));
+  V hy = e.mul(o, e.un(Hlo::Tanh, cy));
   DType dt = hy_type.dtype;
   V workspace = ctx.concatenate({ctx.convert(i, dt), ctx.convert(f, dt), ctx.convert(g, dt), ctx.convert(o, dt)}, 1);
   ctx.set_results({ctx.convert(hy, dt), ctx.convert(cy, dt), workspace});
@@ -56,7 +56,7 @@ void lower_fused_lstm_cell_backward(LoweringContext& ctx, const Node& node) {
   V ghy = ctx.has_input(node, 0) ? ctx.convert(ctx.input(node, 0), acc) : zero;
   V gcy = ctx.has_input(node, 1) ? ctx.convert(ctx.input(node, 1), acc) : zero;
   V i = block(ctx, ws, 0, 4), f = block(ctx, ws, 1, 4), g = block(ctx, ws, 2, 4), o = block(ctx, ws, 3, 4);
-  V tanh_cy = e.un("stablehlo.tanh", cy);
+  V tanh_cy = e.un(Hlo::Tanh, cy);
   V gc = e.add(e.mul(e.mul(ghy, o), e.sub(one, e.mul(tanh_cy, tanh_cy))), gcy);
   V gi = e.mul(e.mul(e.mul(gc, g), e.sub(one, i)), i);
   V gf = e.mul(e.mul(e.mul(gc, cx), e.sub(one, f)), f);
@@ -81,7 +81,7 @@ void lower_fused_gru_cell(LoweringContext& ctx, const Node& node) {
   V r = sigmoid(e, e.add(in(0), hid(0)));
   V z = sigmoid(e, e.add(in(1), hid(1)));
   V hn = hid(2);
-  V n = e.un("stablehlo.tanh", e.add(in(2), e.mul(r, hn)));
+  V n = e.un(Hlo::Tanh, e.add(in(2), e.mul(r, hn)));
   V hy = e.add(n, e.mul(z, e.sub(hx, n)));
   V workspace = ctx.concatenate({ctx.convert(r, dt), ctx.convert(z, dt), ctx.convert(n, dt), ctx.convert(hx, dt),
                                  ctx.convert(hn, dt)}, 1);

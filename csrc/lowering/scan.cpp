@@ -15,7 +15,7 @@ V index_leading(LoweringContext& ctx, const V& x, const V& at) {
   sizes[0] = 1;
   std::vector<V> operands = {x, at};
   for (size_t d = 1; d < sizes.size(); ++d) operands.push_back(ctx.constant_int(0, DType::Int64));
-  V row = ctx.emit("stablehlo.dynamic_slice", operands, TensorType{sizes, x.type.dtype},
+  V row = ctx.emit(Hlo::DynamicSlice, operands, TensorType{sizes, x.type.dtype},
                    "slice_sizes = " + format_dims(sizes));
   return ctx.reshape(row, std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
 }
@@ -26,7 +26,7 @@ V update_leading(LoweringContext& ctx, const V& stacked, const V& row, const V& 
   sizes.insert(sizes.begin(), 1);
   std::vector<V> operands = {stacked, ctx.reshape(row, sizes), at};
   for (size_t d = 1; d < sizes.size(); ++d) operands.push_back(ctx.constant_int(0, DType::Int64));
-  return ctx.emit("stablehlo.dynamic_update_slice", operands, stacked.type);
+  return ctx.emit(Hlo::DynamicUpdateSlice, operands, stacked.type);
 }
 
 // The body's nodes on the values its inputs and captured values have inside the loop;
@@ -74,23 +74,23 @@ void lower_scan(LoweringContext& ctx, const Node& node) {
                 captured_at = consts_at + n_consts;
 
   std::string cond = ctx.region(types, [&](const std::vector<V>& state) {
-    return std::vector<V>{ctx.compare("LT", state[0], ctx.constant_int(length, DType::Int64))};
+    return std::vector<V>{ctx.compare(Cmp::LT, state[0], ctx.constant_int(length, DType::Int64))};
   });
   std::string step = ctx.region(types, [&](const std::vector<V>& state) {
     V i = state[0];
-    V at = reverse ? ctx.binary("stablehlo.subtract", ctx.constant_int(length - 1, DType::Int64), i) : i;
+    V at = reverse ? ctx.binary(Hlo::Subtract, ctx.constant_int(length - 1, DType::Int64), i) : i;
     std::vector<V> inputs(state.begin() + 1, state.begin() + ys_at);
     for (int64_t k = 0; k < n_xs; ++k) inputs.push_back(index_leading(ctx, state[xs_at + k], at));
     inputs.insert(inputs.end(), state.begin() + consts_at, state.begin() + captured_at);
     std::vector<V> captured(state.begin() + captured_at, state.end());
     std::vector<V> outputs = lower_body(ctx, body, inputs, captured);
-    std::vector<V> next = {ctx.binary("stablehlo.add", i, ctx.constant_int(1, DType::Int64))};
+    std::vector<V> next = {ctx.binary(Hlo::Add, i, ctx.constant_int(1, DType::Int64))};
     next.insert(next.end(), outputs.begin(), outputs.begin() + n_carry);
     for (int64_t k = 0; k < n_ys; ++k) next.push_back(update_leading(ctx, state[ys_at + k], outputs[n_carry + k], at));
     next.insert(next.end(), state.begin() + xs_at, state.end());
     return next;
   });
-  std::vector<V> final_state = ctx.emit_multi("stablehlo.while", init, types, "", cond + ", " + step);
+  std::vector<V> final_state = ctx.emit_multi(Hlo::While, init, types, "", cond + ", " + step);
   ctx.set_results(std::vector<V>(final_state.begin() + 1, final_state.begin() + xs_at));
 }
 

@@ -7,6 +7,12 @@
 namespace torchtpu {
 namespace {
 
+// The parameters of this file's families: which view op a view_copy / view_scatter /
+// view_backward rule is of, which split, and how a pad reads beyond the edge.
+enum class ViewKind : uint8_t { AsStrided, Slice, Select, Diagonal, Unfold };
+enum class Split : uint8_t { Split, Unbind, Narrow };
+enum class Pad : uint8_t { Reflect, Replicate };
+
 // view_copy / _unsafe_view / reshape-like ops: same elements, new shape (from PyTorch).
 void lower_reshape(LoweringContext& ctx, const Node& node) {
   ctx.set_result(ctx.reshape(ctx.input(node, 0), ctx.out(node).shape));
@@ -161,13 +167,13 @@ Geometry as_strided_geometry(const Node& node, int size_arg) {
 // The geometry of a view op's node, given the shape of its base; `first` is the index of the
 // first argument after the tensor(s).
 Geometry view_geometry(const Node& node, const std::vector<int64_t>& base, int first) {
-  std::string kind = rule_data(node);
+  ViewKind kind = rule_param<ViewKind>(node);
   const auto& a = node.args;
-  if (kind == "slice")
+  if (kind == ViewKind::Slice)
     return slice_geometry(base, a[first].i, a[first + 1], a[first + 2], a[first + 3].is_none() ? 1 : a[first + 3].i);
-  if (kind == "select") return select_geometry(base, a[first].i, a[first + 1].i);
-  if (kind == "diagonal") return diagonal_geometry(base, a[first].i, a[first + 1].i, a[first + 2].i);
-  if (kind == "unfold") return unfold_geometry(base, a[first].i, a[first + 1].i, a[first + 2].i);
+  if (kind == ViewKind::Select) return select_geometry(base, a[first].i, a[first + 1].i);
+  if (kind == ViewKind::Diagonal) return diagonal_geometry(base, a[first].i, a[first + 1].i, a[first + 2].i);
+  if (kind == ViewKind::Unfold) return unfold_geometry(base, a[first].i, a[first + 1].i, a[first + 2].i);
   return as_strided_geometry(node, first);
 }
 
@@ -200,7 +206,7 @@ void lower_view_backward(LoweringContext& ctx, const Node& node) {
   Geometry g = view_geometry(node, out.shape, 2);
   V idx = view_index(ctx, g, out.numel());
   V zeros = ctx.constant(0, out.dtype, out.shape);
-  ctx.set_result(scatter_linear(ctx, zeros, idx, ctx.reshape(grad, g.shape), "stablehlo.add"));
+  ctx.set_result(scatter_linear(ctx, zeros, idx, ctx.reshape(grad, g.shape), Hlo::Add));
 }
 
 // split_copy.Tensor / split_with_sizes_copy / unbind_copy.int / narrow_copy: consecutive
@@ -208,17 +214,17 @@ void lower_view_backward(LoweringContext& ctx, const Node& node) {
 void lower_split(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   int64_t rank = x.type.rank();
-  std::string kind = rule_data(node);
-  int dim_arg = kind == "unbind" || kind == "narrow" ? 1 : 2;
+  Split kind = rule_param<Split>(node);
+  int dim_arg = kind == Split::Unbind || kind == Split::Narrow ? 1 : 2;
   int64_t dim = wrap_dim(node.args[dim_arg].i, rank);
   int64_t start = 0;
-  if (kind == "narrow") {
+  if (kind == Split::Narrow) {
     start = node.args[2].i;
     if (start < 0) start += x.type.shape[dim];
   }
   std::vector<V> results;
   for (const TensorType& out : node.outputs) {
-    int64_t length = kind == "unbind" ? 1 : out.shape[dim];
+    int64_t length = kind == Split::Unbind ? 1 : out.shape[dim];
     std::vector<int64_t> starts(rank, 0), limits = x.type.shape, strides(rank, 1);
     starts[dim] = start;
     limits[dim] = start + length;
@@ -249,7 +255,7 @@ void lower_flip(LoweringContext& ctx, const Node& node) {
     ctx.set_result(x);
     return;
   }
-  ctx.set_result(ctx.emit("stablehlo.reverse", {x}, x.type, "dimensions = " + format_dims(dims)));
+  ctx.set_result(ctx.emit(Hlo::Reverse, {x}, x.type, "dimensions = " + format_dims(dims)));
 }
 
 V roll_dim(LoweringContext& ctx, const V& x, int64_t dim, int64_t shift) {
@@ -306,8 +312,8 @@ void lower_tri(LoweringContext& ctx, const Node& node) {
   int64_t rank = x.type.rank();
   int64_t k = node.args.size() > 1 ? node.args[1].i : 0;
   TensorType it{shape, DType::Int64};
-  V diff = ctx.binary("stablehlo.subtract", ctx.iota(it, rank - 1), ctx.iota(it, rank - 2));
-  V keep = ctx.compare(rule_data(node), diff, ctx.constant_int(k, DType::Int64, shape));
+  V diff = ctx.binary(Hlo::Subtract, ctx.iota(it, rank - 1), ctx.iota(it, rank - 2));
+  V keep = ctx.compare(rule_param<Cmp>(node), diff, ctx.constant_int(k, DType::Int64, shape));
   ctx.set_result(ctx.select(keep, x, ctx.constant(0, x.type.dtype, shape)));
 }
 
@@ -328,7 +334,7 @@ void lower_constant_pad(LoweringContext& ctx, const Node& node) {
     ctx.set_result(ctx.broadcast_to(value, out.shape));
     return;
   }
-  ctx.set_result(ctx.emit("stablehlo.pad", {x, value}, out,
+  ctx.set_result(ctx.emit(Hlo::Pad, {x, value}, out,
                           "edge_padding_high = " + format_dims(high) + ", edge_padding_low = " + format_dims(low) +
                               ", interior_padding = " + format_dims(interior)));
 }
@@ -365,8 +371,8 @@ V pad_index(LoweringContext& ctx, const std::vector<int64_t>& in_shape, const st
       table += (j ? ", " : "") + std::to_string(s * strides[d]);
     }
     TensorType tt{{len}, it};
-    V t = ctx.emit("stablehlo.constant", {}, tt, "value = dense<[" + table + "]> : " + tt.mlir());
-    total = ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(t, *out_shape, {d}));
+    V t = ctx.emit(Hlo::Constant, {}, tt, "value = dense<[" + table + "]> : " + tt.mlir());
+    total = ctx.binary(Hlo::Add, total, ctx.broadcast_in_dim(t, *out_shape, {d}));
   }
   return total;
 }
@@ -375,7 +381,7 @@ V pad_index(LoweringContext& ctx, const std::vector<int64_t>& in_shape, const st
 void lower_index_pad(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   std::vector<int64_t> shape;
-  V idx = pad_index(ctx, x.type.shape, node.args[1].ints, std::string(rule_data(node)) == "reflect", &shape);
+  V idx = pad_index(ctx, x.type.shape, node.args[1].ints, rule_param<Pad>(node) == Pad::Reflect, &shape);
   ctx.set_result(gather_linear(ctx, x, idx));
 }
 
@@ -384,8 +390,8 @@ void lower_index_pad_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V grad = ctx.input(node, 0);
   std::vector<int64_t> shape;
-  V idx = pad_index(ctx, out.shape, node.args[2].ints, std::string(rule_data(node)) == "reflect", &shape);
-  ctx.set_result(scatter_linear(ctx, ctx.constant(0, out.dtype, out.shape), idx, grad, "stablehlo.add"));
+  V idx = pad_index(ctx, out.shape, node.args[2].ints, rule_param<Pad>(node) == Pad::Reflect, &shape);
+  ctx.set_result(scatter_linear(ctx, ctx.constant(0, out.dtype, out.shape), idx, grad, Hlo::Add));
 }
 
 // channel_shuffle / native_channel_shuffle(self, groups): channels [g, C/g] -> [C/g, g].
@@ -417,39 +423,39 @@ LOWERING("aten::slice_copy.Tensor", lower_slice, nullptr, kTakesComplex);
 LOWERING("aten::select_copy.int", lower_select, nullptr, kTakesComplex);
 LOWERING("aten::cat", lower_cat, nullptr, kTakesComplex);
 LOWERING("aten::stack", lower_stack, nullptr, kTakesComplex);
-LOWERING("aten::as_strided_copy", lower_view_copy, "as_strided", kTakesComplex);
-LOWERING("aten::diagonal_copy", lower_view_copy, "diagonal", kTakesComplex);
-LOWERING("aten::unfold_copy", lower_view_copy, "unfold", kTakesComplex);
-LOWERING("aten::slice_scatter", lower_view_scatter, "slice", kTakesComplex);
-LOWERING("aten::select_scatter", lower_view_scatter, "select", kTakesComplex);
-LOWERING("aten::diagonal_scatter", lower_view_scatter, "diagonal", kTakesComplex);
-LOWERING("aten::as_strided_scatter", lower_view_scatter, "as_strided", kTakesComplex);
-LOWERING("aten::slice_backward", lower_view_backward, "slice", kTakesComplex);
-LOWERING("aten::select_backward", lower_view_backward, "select", kTakesComplex);
-LOWERING("aten::diagonal_backward", lower_view_backward, "diagonal", kTakesComplex);
-LOWERING("aten::unfold_backward", lower_view_backward, "unfold", kTakesComplex);
-LOWERING("aten::split_copy.Tensor", lower_split, "split", kTakesComplex);
-LOWERING("aten::split_with_sizes_copy", lower_split, "split", kTakesComplex);
-LOWERING("aten::unbind_copy.int", lower_split, "unbind", kTakesComplex);
-LOWERING("aten::narrow_copy", lower_split, "narrow", kTakesComplex);
+LOWERING("aten::as_strided_copy", lower_view_copy, ViewKind::AsStrided, kTakesComplex);
+LOWERING("aten::diagonal_copy", lower_view_copy, ViewKind::Diagonal, kTakesComplex);
+LOWERING("aten::unfold_copy", lower_view_copy, ViewKind::Unfold, kTakesComplex);
+LOWERING("aten::slice_scatter", lower_view_scatter, ViewKind::Slice, kTakesComplex);
+LOWERING("aten::select_scatter", lower_view_scatter, ViewKind::Select, kTakesComplex);
+LOWERING("aten::diagonal_scatter", lower_view_scatter, ViewKind::Diagonal, kTakesComplex);
+LOWERING("aten::as_strided_scatter", lower_view_scatter, ViewKind::AsStrided, kTakesComplex);
+LOWERING("aten::slice_backward", lower_view_backward, ViewKind::Slice, kTakesComplex);
+LOWERING("aten::select_backward", lower_view_backward, ViewKind::Select, kTakesComplex);
+LOWERING("aten::diagonal_backward", lower_view_backward, ViewKind::Diagonal, kTakesComplex);
+LOWERING("aten::unfold_backward", lower_view_backward, ViewKind::Unfold, kTakesComplex);
+LOWERING("aten::split_copy.Tensor", lower_split, Split::Split, kTakesComplex);
+LOWERING("aten::split_with_sizes_copy", lower_split, Split::Split, kTakesComplex);
+LOWERING("aten::unbind_copy.int", lower_split, Split::Unbind, kTakesComplex);
+LOWERING("aten::narrow_copy", lower_split, Split::Narrow, kTakesComplex);
 LOWERING("aten::flip", lower_flip, nullptr, kTakesComplex);
 LOWERING("aten::roll", lower_roll, nullptr, kTakesComplex);
 LOWERING("aten::repeat", lower_repeat, nullptr, kTakesComplex);
-LOWERING("aten::tril", lower_tri, "LE", kTakesComplex);
-LOWERING("aten::triu", lower_tri, "GE", kTakesComplex);
+LOWERING("aten::tril", lower_tri, Cmp::LE, kTakesComplex);
+LOWERING("aten::triu", lower_tri, Cmp::GE, kTakesComplex);
 LOWERING("aten::constant_pad_nd", lower_constant_pad, nullptr, kTakesComplex);
-LOWERING("aten::reflection_pad1d", lower_index_pad, "reflect", kComplexNoBool);
-LOWERING("aten::reflection_pad2d", lower_index_pad, "reflect", kComplexNoBool);
-LOWERING("aten::replication_pad1d", lower_index_pad, "replicate", kTakesComplex);
-LOWERING("aten::replication_pad2d", lower_index_pad, "replicate", kTakesComplex);
-LOWERING("aten::reflection_pad3d", lower_index_pad, "reflect", kComplexNoBool);
-LOWERING("aten::replication_pad3d", lower_index_pad, "replicate", kTakesComplex);
-LOWERING("aten::reflection_pad1d_backward", lower_index_pad_backward, "reflect", kTakesComplex);
-LOWERING("aten::reflection_pad2d_backward", lower_index_pad_backward, "reflect", kTakesComplex);
-LOWERING("aten::replication_pad1d_backward", lower_index_pad_backward, "replicate", kTakesComplex);
-LOWERING("aten::replication_pad2d_backward", lower_index_pad_backward, "replicate", kTakesComplex);
-LOWERING("aten::reflection_pad3d_backward", lower_index_pad_backward, "reflect", kTakesComplex);
-LOWERING("aten::replication_pad3d_backward", lower_index_pad_backward, "replicate", kTakesComplex);
+LOWERING("aten::reflection_pad1d", lower_index_pad, Pad::Reflect, kComplexNoBool);
+LOWERING("aten::reflection_pad2d", lower_index_pad, Pad::Reflect, kComplexNoBool);
+LOWERING("aten::replication_pad1d", lower_index_pad, Pad::Replicate, kTakesComplex);
+LOWERING("aten::replication_pad2d", lower_index_pad, Pad::Replicate, kTakesComplex);
+LOWERING("aten::reflection_pad3d", lower_index_pad, Pad::Reflect, kComplexNoBool);
+LOWERING("aten::replication_pad3d", lower_index_pad, Pad::Replicate, kTakesComplex);
+LOWERING("aten::reflection_pad1d_backward", lower_index_pad_backward, Pad::Reflect, kTakesComplex);
+LOWERING("aten::reflection_pad2d_backward", lower_index_pad_backward, Pad::Reflect, kTakesComplex);
+LOWERING("aten::replication_pad1d_backward", lower_index_pad_backward, Pad::Replicate, kTakesComplex);
+LOWERING("aten::replication_pad2d_backward", lower_index_pad_backward, Pad::Replicate, kTakesComplex);
+LOWERING("aten::reflection_pad3d_backward", lower_index_pad_backward, Pad::Reflect, kTakesComplex);
+LOWERING("aten::replication_pad3d_backward", lower_index_pad_backward, Pad::Replicate, kTakesComplex);
 
 }  // namespace
 }  // namespace torchtpu

@@ -32,7 +32,7 @@ namespace {
 
 void lower_shard(LoweringContext& ctx, const Node& node) {
   std::string attrs = "call_target_name = \"Sharding\", mhlo.sharding = \"" + sharding_of_shard_node(node).hlo() + "\"";
-  ctx.set_result(ctx.emit("stablehlo.custom_call", {ctx.input(node, 0)}, ctx.out(node), attrs));
+  ctx.set_result(ctx.emit(Hlo::CustomCall, {ctx.input(node, 0)}, ctx.out(node), attrs));
 }
 
 LOWERING(kShardOp, lower_shard, nullptr, kTakesComplex);

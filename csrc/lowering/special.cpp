@@ -305,16 +305,16 @@ const double kPi = 3.14159265358979323846;
 const double kTwoOverPi = 0.636619772367581343075535053490057448;
 const double kSqrtTwoOverPi = 0.797884560802865355879892119868763737;
 
-V exp_(const Ex& e, const V& x) { return e.un("stablehlo.exponential", x); }
-V log_(const Ex& e, const V& x) { return e.un("stablehlo.log", x); }
-V sqrt_(const Ex& e, const V& x) { return e.un("stablehlo.sqrt", x); }
-V abs_(const Ex& e, const V& x) { return e.un("stablehlo.abs", x); }
-V sin_(const Ex& e, const V& x) { return e.un("stablehlo.sine", x); }
-V cos_(const Ex& e, const V& x) { return e.un("stablehlo.cosine", x); }
-V floor_(const Ex& e, const V& x) { return e.un("stablehlo.floor", x); }
-V neg_(const Ex& e, const V& x) { return e.un("stablehlo.negate", x); }
-V trunc_(const Ex& e, const V& x) { return e.sel(e.cmp("LT", x, e.k(0.0)), e.un("stablehlo.ceil", x), floor_(e, x)); }
-V is_inf(const Ex& e, const V& x) { return e.cmp("EQ", abs_(e, x), e.k(kInf)); }
+V exp_(const Ex& e, const V& x) { return e.un(Hlo::Exponential, x); }
+V log_(const Ex& e, const V& x) { return e.un(Hlo::Log, x); }
+V sqrt_(const Ex& e, const V& x) { return e.un(Hlo::Sqrt, x); }
+V abs_(const Ex& e, const V& x) { return e.un(Hlo::Abs, x); }
+V sin_(const Ex& e, const V& x) { return e.un(Hlo::Sine, x); }
+V cos_(const Ex& e, const V& x) { return e.un(Hlo::Cosine, x); }
+V floor_(const Ex& e, const V& x) { return e.un(Hlo::Floor, x); }
+V neg_(const Ex& e, const V& x) { return e.un(Hlo::Negate, x); }
+V trunc_(const Ex& e, const V& x) { return e.sel(e.cmp(Cmp::LT, x, e.k(0.0)), e.un(Hlo::Ceil, x), floor_(e, x)); }
+V is_inf(const Ex& e, const V& x) { return e.cmp(Cmp::EQ, abs_(e, x), e.k(kInf)); }
 V negate_if(const Ex& e, const V& cond, const V& x) { return e.sel(cond, neg_(e, x), x); }
 
 // ---------------------------------------------------------------------------------------
@@ -322,13 +322,13 @@ V negate_if(const Ex& e, const V& cond, const V& x) { return e.sel(cond, neg_(e,
 
 // digamma: XLA's, with CPU's signed infinity at zero (-inf at +0, +inf at -0).
 V digamma(const Ex& e, const V& x) {
-  V at_zero = e.sel(e.cmp("GT", e.div(e.k(1.0), x), e.k(0.0)), e.k(-kInf), e.k(kInf));
-  return e.sel(e.cmp("EQ", x, e.k(0.0)), at_zero, e.un("chlo.digamma", x));
+  V at_zero = e.sel(e.cmp(Cmp::GT, e.div(e.k(1.0), x), e.k(0.0)), e.k(-kInf), e.k(kInf));
+  return e.sel(e.cmp(Cmp::EQ, x, e.k(0.0)), at_zero, e.un(Hlo::ChloDigamma, x));
 }
 
 // trigamma: reflection below 1/2, six recurrence steps, then the asymptotic series.
 V trigamma(const Ex& e, const V& x0) {
-  V reflect = e.cmp("LT", x0, e.k(0.5));
+  V reflect = e.cmp(Cmp::LT, x0, e.k(0.5));
   V sin_pi_x = sin_(e, e.mul(e.k(kPi), x0));
   V result = e.sel(reflect, neg_(e, e.div(e.k(kPi * kPi), e.mul(sin_pi_x, sin_pi_x))), e.k(0.0));
   V x = e.sel(reflect, e.sub(e.k(1.0), x0), x0);
@@ -365,16 +365,16 @@ V zeta_in(const Ex& e, const V& x, const V& q) {
   LoweringContext& ctx = e.c;
   // CPU's checks, in its order: x == 1 -> inf, x < 1 -> NaN, then for q <= 0: integer q ->
   // inf, non-integer x -> NaN.
-  V x_pole = e.cmp("EQ", x, e.k(1.0)), x_undefined = e.bor(e.cmp("LT", x, e.k(1.0)), e.isnan(x));
-  V q_nonpositive = e.cmp("LE", q, e.k(0.0));
-  V q_pole = e.band(q_nonpositive, e.cmp("EQ", q, floor_(e, q)));
-  V q_undefined = e.band(q_nonpositive, e.cmp("NE", x, floor_(e, x)));
+  V x_pole = e.cmp(Cmp::EQ, x, e.k(1.0)), x_undefined = e.bor(e.cmp(Cmp::LT, x, e.k(1.0)), e.isnan(x));
+  V q_nonpositive = e.cmp(Cmp::LE, q, e.k(0.0));
+  V q_pole = e.band(q_nonpositive, e.cmp(Cmp::EQ, q, floor_(e, q)));
+  V q_undefined = e.band(q_nonpositive, e.cmp(Cmp::NE, x, floor_(e, x)));
   V skip = e.bor(e.bor(x_pole, x_undefined), e.bor(q_pole, q_undefined));
   V neg_x = neg_(e, x);
   // Loop state: s, a, b, i, returned (the direct sum met its own stopping test), x, q.
-  std::vector<V> state = {ctx.binary("stablehlo.power", q, neg_x), q, e.k(0.0), e.k(0.0), skip, x, q};
+  std::vector<V> state = {ctx.binary(Hlo::Power, q, neg_x), q, e.k(0.0), e.k(0.0), skip, x, q};
   auto active = [&](const Ex& le, const std::vector<V>& s) {
-    V more = le.bor(le.cmp("LT", s[3], le.k(9.0)), le.cmp("LE", s[1], le.k(9.0)));
+    V more = le.bor(le.cmp(Cmp::LT, s[3], le.k(9.0)), le.cmp(Cmp::LE, s[1], le.k(9.0)));
     return le.band(more, le.bnot(s[4]));
   };
   std::vector<V> done = ctx.while_loop(
@@ -383,9 +383,9 @@ V zeta_in(const Ex& e, const V& x, const V& q) {
         Ex le = e;
         V act = active(le, s);
         V a = le.sel(act, le.add(s[1], le.k(1.0)), s[1]);
-        V b = le.sel(act, ctx.binary("stablehlo.power", a, le.un("stablehlo.negate", s[5])), s[2]);
+        V b = le.sel(act, ctx.binary(Hlo::Power, a, le.un(Hlo::Negate, s[5])), s[2]);
         V sum = le.sel(act, le.add(s[0], b), s[0]);
-        V tiny = le.band(le.cmp("LT", le.mul(le.k(-machep), sum), b), le.cmp("LT", b, le.mul(le.k(machep), sum)));
+        V tiny = le.band(le.cmp(Cmp::LT, le.mul(le.k(-machep), sum), b), le.cmp(Cmp::LT, b, le.mul(le.k(machep), sum)));
         V returned = le.bor(s[4], le.band(act, tiny));
         V i = le.sel(act, le.add(s[3], le.k(1.0)), s[3]);
         return std::vector<V>{sum, a, b, i, returned, s[5], s[6]};
@@ -401,7 +401,7 @@ V zeta_in(const Ex& e, const V& x, const V& q) {
     V t = e.div(e.mul(aa, b), e.k(coefficient));
     V next = e.add(tail, t);
     tail = e.sel(finished, tail, next);
-    finished = e.bor(finished, e.cmp("LT", abs_(e, e.div(t, next)), e.k(machep)));
+    finished = e.bor(finished, e.cmp(Cmp::LT, abs_(e, e.div(t, next)), e.k(machep)));
     k = e.add(k, e.k(1.0));
     aa = e.mul(aa, e.add(x, k));
     b = e.div(b, w);
@@ -435,14 +435,14 @@ V i0e(const Ex& e, const V& x) {
   V ax = abs_(e, x);
   V small = chbevl(e, e.sub(e.div(ax, e.k(2.0)), e.k(2.0)), kI0eSmall);
   V large = e.div(chbevl(e, e.sub(e.div(e.k(32.0), ax), e.k(2.0)), kI0eLarge), sqrt_(e, ax));
-  return e.sel(e.cmp("LE", ax, e.k(8.0)), small, large);
+  return e.sel(e.cmp(Cmp::LE, ax, e.k(8.0)), small, large);
 }
 
 V i1e(const Ex& e, const V& x) {
   V ax = abs_(e, x);
   V small = e.mul(chbevl(e, e.sub(e.div(ax, e.k(2.0)), e.k(2.0)), kI1eSmall), ax);
   V large = e.div(chbevl(e, e.sub(e.div(e.k(32.0), ax), e.k(2.0)), kI1eLarge), sqrt_(e, ax));
-  return negate_if(e, e.cmp("LT", x, e.k(0.0)), e.sel(e.cmp("LE", ax, e.k(8.0)), small, large));
+  return negate_if(e, e.cmp(Cmp::LT, x, e.k(0.0)), e.sel(e.cmp(Cmp::LE, ax, e.k(8.0)), small, large));
 }
 
 V i0(const Ex& e, const V& x) { return e.mul(exp_(e, abs_(e, x)), i0e(e, x)); }
@@ -457,9 +457,9 @@ V modified_k(const Ex& e, const V& x, int order, bool scaled) {
   V large = e.div(chbevl(e, e.sub(e.div(e.k(8.0), x), e.k(2.0)), order == 0 ? kK0eLarge : kK1eLarge), sqrt_(e, x));
   if (scaled) small = e.mul(small, exp_(e, x));
   else large = e.mul(exp_(e, neg_(e, x)), large);
-  V r = e.sel(e.cmp("LE", x, e.k(2.0)), small, large);
-  r = e.sel(e.cmp("LT", x, e.k(0.0)), e.k(kNaN), r);
-  return e.sel(e.cmp("EQ", x, e.k(0.0)), e.k(kInf), r);
+  V r = e.sel(e.cmp(Cmp::LE, x, e.k(2.0)), small, large);
+  r = e.sel(e.cmp(Cmp::LT, x, e.k(0.0)), e.k(kNaN), r);
+  return e.sel(e.cmp(Cmp::EQ, x, e.k(0.0)), e.k(kInf), r);
 }
 
 struct BesselTables {
@@ -490,9 +490,9 @@ V bessel_j0(const Ex& e, const V& x0) {
   V small = e.div(e.mul(e.mul(e.sub(z, e.k(5.78318596294678452118e+00)), e.sub(z, e.k(3.04712623436620863991e+01))),
                         polevl(e, z, kJ0RP)),
                   polevl(e, z, kJ0RQ));
-  small = e.sel(e.cmp("LT", x, e.k(0.00001)), tiny, small);
+  small = e.sel(e.cmp(Cmp::LT, x, e.k(0.00001)), tiny, small);
   V large = bessel_asymptotic(e, x, e.div(e.k(25.0), z), kJ0, 0.785398163397448309615660845819875721, false);
-  return e.sel(e.cmp("LE", x, e.k(5.0)), small, large);
+  return e.sel(e.cmp(Cmp::LE, x, e.k(5.0)), small, large);
 }
 
 V bessel_j1(const Ex& e, const V& x0) {
@@ -502,28 +502,28 @@ V bessel_j1(const Ex& e, const V& x0) {
                   e.sub(z, e.k(4.92184563216946036703e+01)));
   V five_over_x = e.div(e.k(5.0), x);
   V large = bessel_asymptotic(e, x, e.mul(five_over_x, five_over_x), kJ1, 2.356194490192344928846982537459627163, false);
-  return negate_if(e, e.cmp("LT", x0, e.k(0.0)), e.sel(e.cmp("LE", x, e.k(5.0)), small, large));
+  return negate_if(e, e.cmp(Cmp::LT, x0, e.k(0.0)), e.sel(e.cmp(Cmp::LE, x, e.k(5.0)), small, large));
 }
 
 V bessel_y0(const Ex& e, const V& x) {
   V z = e.mul(x, x);
   V small = e.add(e.div(polevl(e, z, kY0YP), polevl(e, z, kY0YQ)),
                   e.mul(e.mul(e.k(kTwoOverPi), log_(e, x)), bessel_j0(e, x)));
-  small = e.sel(e.cmp("LT", x, e.k(0.0)), e.k(kNaN), small);
-  small = e.sel(e.cmp("EQ", x, e.k(0.0)), e.k(-kInf), small);
+  small = e.sel(e.cmp(Cmp::LT, x, e.k(0.0)), e.k(kNaN), small);
+  small = e.sel(e.cmp(Cmp::EQ, x, e.k(0.0)), e.k(-kInf), small);
   V large = bessel_asymptotic(e, x, e.div(e.k(25.0), z), kY0, 0.785398163397448309615660845819875721, true);
-  return e.sel(e.cmp("LE", x, e.k(5.0)), small, large);
+  return e.sel(e.cmp(Cmp::LE, x, e.k(5.0)), small, large);
 }
 
 V bessel_y1(const Ex& e, const V& x) {
   V z = e.mul(x, x);
   V small = e.add(e.mul(x, e.div(polevl(e, z, kY1YP), polevl(e, z, kY1YQ))),
                   e.mul(e.k(kTwoOverPi), e.sub(e.mul(bessel_j1(e, x), log_(e, x)), e.div(e.k(1.0), x))));
-  small = e.sel(e.cmp("LT", x, e.k(0.0)), e.k(kNaN), small);
-  small = e.sel(e.cmp("EQ", x, e.k(0.0)), e.k(-kInf), small);
+  small = e.sel(e.cmp(Cmp::LT, x, e.k(0.0)), e.k(kNaN), small);
+  small = e.sel(e.cmp(Cmp::EQ, x, e.k(0.0)), e.k(-kInf), small);
   V five_over_x = e.div(e.k(5.0), x);
   V large = bessel_asymptotic(e, x, e.mul(five_over_x, five_over_x), kY1, 2.356194490192344928846982537459627163, true);
-  return e.sel(e.cmp("LE", x, e.k(5.0)), small, large);
+  return e.sel(e.cmp(Cmp::LE, x, e.k(5.0)), small, large);
 }
 
 V spherical_bessel_j0(const Ex& e, const V& x) {
@@ -535,7 +535,7 @@ V spherical_bessel_j0(const Ex& e, const V& x) {
   for (size_t i = 1; i < series.size(); ++i) r = e.add(e.k(series[i]), e.mul(z, r));
   V small = e.add(e.k(1.0), e.mul(z, r));
   V r_large = e.div(sin_(e, x), x);
-  V out = e.sel(e.cmp("LT", abs_(e, x), e.k(0.5)), small, r_large);
+  V out = e.sel(e.cmp(Cmp::LT, abs_(e, x), e.k(0.5)), small, r_large);
   return e.sel(is_inf(e, x), e.k(0.0), out);
 }
 
@@ -562,7 +562,7 @@ V airy_ai(const Ex& e, const V& x) {
   // Maclaurin series: state f, g, k, m, n, t, z(= x^3).
   V cube = e.mul(e.mul(x, x), x);
   std::vector<V> init = {e.k(1.0), x, e.k(1.0), e.k(1.0), x, e.k(1.0), cube};
-  auto going = [&](const std::vector<V>& s) { return e.cmp("GT", s[5], e.k(eps)); };
+  auto going = [&](const std::vector<V>& s) { return e.cmp(Cmp::GT, s[5], e.k(eps)); };
   std::vector<V> series = ctx.while_loop(
       init, [&](const std::vector<V>& s) { return any_true(ctx, going(s)); },
       [&](const std::vector<V>& s) {
@@ -584,15 +584,15 @@ V airy_ai(const Ex& e, const V& x) {
                               e.sel(go, n, s[4]), e.sel(go, tt, s[5]), zc};
       });
   V middle = e.sub(e.mul(e.k(c1), series[0]), e.mul(e.k(c2), series[1]));
-  V r = e.sel(e.cmp("LT", x, e.k(-2.09)), negative, e.sel(e.cmp("GE", x, e.k(2.09)), positive, middle));
-  r = e.sel(e.cmp("GT", x, e.k(103.892)), e.k(0.0), r);
+  V r = e.sel(e.cmp(Cmp::LT, x, e.k(-2.09)), negative, e.sel(e.cmp(Cmp::GE, x, e.k(2.09)), positive, middle));
+  r = e.sel(e.cmp(Cmp::GT, x, e.k(103.892)), e.k(0.0), r);
   return e.sel(is_inf(e, x), e.k(kNaN), r);
 }
 
 // ndtri: the inverse of the standard normal CDF (Cephes' three rational approximations).
 V ndtri(const Ex& e, const V& y0) {
   const double exp_minus_2 = 0.13533528323661269189, s2pi = 2.50662827463100050242;
-  V upper = e.cmp("GT", y0, e.k(1.0 - exp_minus_2));
+  V upper = e.cmp(Cmp::GT, y0, e.k(1.0 - exp_minus_2));
   V y = e.sel(upper, e.sub(e.k(1.0), y0), y0);
   V ym = e.sub(y, e.k(0.5));
   V y2 = e.mul(ym, ym);
@@ -600,14 +600,14 @@ V ndtri(const Ex& e, const V& y0) {
   V x = sqrt_(e, e.mul(e.k(-2.0), log_(e, y)));
   V x0 = e.sub(x, e.div(log_(e, x), x));
   V z = e.div(e.k(1.0), x);
-  V x1 = e.sel(e.cmp("LT", x, e.k(8.0)), e.div(e.mul(z, polevl(e, z, kNdtriP1)), polevl(e, z, kNdtriQ1)),
+  V x1 = e.sel(e.cmp(Cmp::LT, x, e.k(8.0)), e.div(e.mul(z, polevl(e, z, kNdtriP1)), polevl(e, z, kNdtriQ1)),
                e.div(e.mul(z, polevl(e, z, kNdtriP2)), polevl(e, z, kNdtriQ2)));
   V tail = e.sub(x0, x1);
   tail = negate_if(e, e.bnot(upper), tail);
-  V r = e.sel(e.cmp("GT", y, e.k(exp_minus_2)), middle, tail);
-  r = e.sel(e.bor(e.cmp("LT", y0, e.k(0.0)), e.cmp("GT", y0, e.k(1.0))), e.k(kNaN), r);
-  r = e.sel(e.cmp("EQ", y0, e.k(1.0)), e.k(kInf), r);
-  return e.sel(e.cmp("EQ", y0, e.k(0.0)), e.k(-kInf), r);
+  V r = e.sel(e.cmp(Cmp::GT, y, e.k(exp_minus_2)), middle, tail);
+  r = e.sel(e.bor(e.cmp(Cmp::LT, y0, e.k(0.0)), e.cmp(Cmp::GT, y0, e.k(1.0))), e.k(kNaN), r);
+  r = e.sel(e.cmp(Cmp::EQ, y0, e.k(1.0)), e.k(kInf), r);
+  return e.sel(e.cmp(Cmp::EQ, y0, e.k(0.0)), e.k(-kInf), r);
 }
 
 // erfcx(x) = exp(x^2) erfc(x). CPU evaluates Faddeeva-package Chebyshev fits; here the
@@ -619,14 +619,14 @@ V erfcx(const Ex& e, const V& x) {
   bool widen = e.dt != DType::Float64 && ctx.has_float64();
   Ex w = widen ? make_ex(ctx, DType::Float64, e.shape) : e;
   V xw = ctx.convert(x, w.dt);
-  V product = w.mul(exp_(w, w.mul(xw, xw)), w.un("chlo.erfc", xw));
+  V product = w.mul(exp_(w, w.mul(xw, xw)), w.un(Hlo::ChloErfc, xw));
   const double inv_sqrt_pi = 0.56418958354775628695;
   V xx = w.mul(xw, xw);
   V fraction = w.div(w.mul(w.k(inv_sqrt_pi), w.add(w.mul(xx, w.add(xx, w.k(4.5))), w.k(2.0))),
                      w.mul(xw, w.add(w.mul(xx, w.add(xx, w.k(5.0))), w.k(3.75))));
-  fraction = w.sel(w.cmp("GT", xw, w.k(5e7)), w.div(w.k(inv_sqrt_pi), xw), fraction);
-  V r = w.sel(w.cmp("GT", xw, w.k(26.0)), fraction, product);
-  r = w.sel(w.cmp("LT", xw, w.k(-26.7)), w.k(kInf), r);
+  fraction = w.sel(w.cmp(Cmp::GT, xw, w.k(5e7)), w.div(w.k(inv_sqrt_pi), xw), fraction);
+  V r = w.sel(w.cmp(Cmp::GT, xw, w.k(26.0)), fraction, product);
+  r = w.sel(w.cmp(Cmp::LT, xw, w.k(-26.7)), w.k(kInf), r);
   return ctx.convert(r, e.dt);
 }
 
@@ -635,8 +635,8 @@ V erfcx(const Ex& e, const V& x) {
 V log_ndtr(const Ex& e, const V& x) {
   V t = e.mul(x, e.k(0.70710678118654752440));
   V low = e.sub(log_(e, e.div(erfcx(e, neg_(e, t)), e.k(2.0))), e.mul(t, t));
-  V high = e.un("stablehlo.log_plus_one", neg_(e, e.div(e.un("chlo.erfc", t), e.k(2.0))));
-  return e.sel(e.cmp("LT", x, e.k(-1.0)), low, high);
+  V high = e.un(Hlo::LogPlusOne, neg_(e, e.div(e.un(Hlo::ChloErfc, t), e.k(2.0))));
+  return e.sel(e.cmp(Cmp::LT, x, e.k(-1.0)), low, high);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -644,16 +644,37 @@ V log_ndtr(const Ex& e, const V& x) {
 // the three-term recurrence from P0 = 1 and P1, with CPU's closed forms at the endpoints and,
 // for Chebyshev polynomials of large n inside (-1, 1), its trigonometric forms.
 
+// The Chebyshev families come first (polynomial() tests for them with <=).
+enum class Poly : uint8_t { ChebyshevT, ChebyshevU, ChebyshevV, ChebyshevW, HermiteH, HermiteHe, LaguerreL, LegendreP };
+
 struct Polynomial {
-  std::string family;  // "t", "u", "v", "w" (Chebyshev), "h", "he", "l", "p"
-  bool shifted = false;
+  Poly family;
+  bool shifted = false;  // of x in [0, 1] (2x - 1 in the unshifted one)
 };
 
-Polynomial parse_polynomial(const std::string& data) {
-  Polynomial p;
-  p.shifted = data.rfind("shifted_", 0) == 0;
-  p.family = p.shifted ? data.substr(8) : data;
-  return p;
+// The binary special functions of lower_special_binary: zeta, xlogy, xlog1py and the
+// orthogonal polynomials P_n(x) (shifted: of 2x - 1), one enumerator per aten op family.
+enum class SpecialBinary : uint8_t {
+  Zeta, Xlogy, Xlog1py, ChebyshevT, ChebyshevU, ChebyshevV, ChebyshevW, ShiftedChebyshevT, ShiftedChebyshevU,
+  ShiftedChebyshevV, ShiftedChebyshevW, HermiteH, HermiteHe, LaguerreL, LegendreP
+};
+
+Polynomial polynomial_of(SpecialBinary f) {
+  switch (f) {
+    case SpecialBinary::ChebyshevT: return {Poly::ChebyshevT};
+    case SpecialBinary::ChebyshevU: return {Poly::ChebyshevU};
+    case SpecialBinary::ChebyshevV: return {Poly::ChebyshevV};
+    case SpecialBinary::ChebyshevW: return {Poly::ChebyshevW};
+    case SpecialBinary::ShiftedChebyshevT: return {Poly::ChebyshevT, true};
+    case SpecialBinary::ShiftedChebyshevU: return {Poly::ChebyshevU, true};
+    case SpecialBinary::ShiftedChebyshevV: return {Poly::ChebyshevV, true};
+    case SpecialBinary::ShiftedChebyshevW: return {Poly::ChebyshevW, true};
+    case SpecialBinary::HermiteH: return {Poly::HermiteH};
+    case SpecialBinary::HermiteHe: return {Poly::HermiteHe};
+    case SpecialBinary::LaguerreL: return {Poly::LaguerreL};
+    case SpecialBinary::LegendreP: return {Poly::LegendreP};
+    default: throw std::logic_error("torchtpu: not a polynomial family");
+  }
 }
 
 // Runs the recurrence r = next(k, p, q) for `steps` (per element) steps from (p0, p1); stops
@@ -662,7 +683,7 @@ template <typename Next>
 V recurrence(const Ex& e, const V& y, const V& p1, const V& steps, bool stop_at_nan, Next next) {
   LoweringContext& ctx = e.c;
   auto active = [&](const std::vector<V>& s) {
-    V a = e.cmp("LT", ctx.broadcast_to(s[0], e.shape), s[3]);
+    V a = e.cmp(Cmp::LT, ctx.broadcast_to(s[0], e.shape), s[3]);
     return stop_at_nan ? e.band(a, e.bnot(e.isnan(s[2]))) : a;
   };
   std::vector<V> init = {ctx.constant_int(0, DType::Int64), e.k(1.0), p1, steps, y};
@@ -672,7 +693,7 @@ V recurrence(const Ex& e, const V& y, const V& p1, const V& steps, bool stop_at_
         V go = active(s);
         V k = ctx.broadcast_to(ctx.convert(s[0], e.dt), e.shape);
         V r = next(k, s[4], s[1], s[2]);
-        V j = ctx.binary("stablehlo.add", s[0], ctx.constant_int(1, DType::Int64));
+        V j = ctx.binary(Hlo::Add, s[0], ctx.constant_int(1, DType::Int64));
         return std::vector<V>{j, e.sel(go, s[2], s[1]), e.sel(go, r, s[2]), s[3], s[4]};
       });
   return out[2];
@@ -680,77 +701,77 @@ V recurrence(const Ex& e, const V& y, const V& p1, const V& steps, bool stop_at_
 
 V polynomial(const Ex& e, const Polynomial& poly, const V& x, const V& n_in) {
   LoweringContext& ctx = e.c;
-  const std::string& f = poly.family;
+  Poly f = poly.family;
   // Degree as int64: non-finite -> -1 (CPU's conversion gives a negative number there).
-  V finite = e.cmp("LT", abs_(e, n_in), e.k(kInf));
+  V finite = e.cmp(Cmp::LT, abs_(e, n_in), e.k(kInf));
   V n = ctx.select(finite, ctx.convert(n_in, DType::Int64), ctx.constant_int(-1, DType::Int64, e.shape));
   V nf = ctx.convert(n, e.dt);
-  auto n_is = [&](const char* dir, int64_t v) { return ctx.compare(dir, n, ctx.constant_int(v, DType::Int64, e.shape)); };
-  V even = ctx.compare("EQ", ctx.binary("stablehlo.remainder", n, ctx.constant_int(2, DType::Int64, e.shape)),
+  auto n_is = [&](Cmp dir, int64_t v) { return ctx.compare(dir, n, ctx.constant_int(v, DType::Int64, e.shape)); };
+  V even = ctx.compare(Cmp::EQ, ctx.binary(Hlo::Remainder, n, ctx.constant_int(2, DType::Int64, e.shape)),
                        ctx.constant_int(0, DType::Int64, e.shape));
   V one = e.k(1.0), two_n_plus_1 = e.add(e.add(nf, nf), one), n_plus_1 = e.add(nf, one);
   V y = poly.shifted ? e.sub(e.add(x, x), one) : x;
   V p1, closed, closed_cond;  // closed: the endpoint values, where closed_cond holds
-  bool chebyshev = f.size() == 1 && std::string("tuvw").find(f) != std::string::npos;
+  bool chebyshev = f <= Poly::ChebyshevW;
   V r;
   if (chebyshev) {
-    p1 = f == "t" ? y : f == "u" ? e.add(y, y) : f == "v" ? e.sub(e.add(y, y), one) : e.add(e.add(y, y), one);
-    V at_plus = poly.shifted ? e.cmp("EQ", x, one) : e.band(e.cmp("EQ", abs_(e, x), one), e.cmp("GT", x, e.k(0.0)));
-    V at_minus = poly.shifted ? e.cmp("EQ", x, e.k(0.0)) : e.band(e.cmp("EQ", abs_(e, x), one), e.bnot(at_plus));
+    p1 = f == Poly::ChebyshevT ? y : f == Poly::ChebyshevU ? e.add(y, y) : f == Poly::ChebyshevV ? e.sub(e.add(y, y), one) : e.add(e.add(y, y), one);
+    V at_plus = poly.shifted ? e.cmp(Cmp::EQ, x, one) : e.band(e.cmp(Cmp::EQ, abs_(e, x), one), e.cmp(Cmp::GT, x, e.k(0.0)));
+    V at_minus = poly.shifted ? e.cmp(Cmp::EQ, x, e.k(0.0)) : e.band(e.cmp(Cmp::EQ, abs_(e, x), one), e.bnot(at_plus));
     V alt = [&](const V& magnitude) { return e.sel(even, magnitude, neg_(e, magnitude)); }(one);
     V plus_value, minus_value;
-    if (f == "t") { plus_value = one; minus_value = e.sel(even, one, e.k(-1.0)); }
-    if (f == "u") { plus_value = n_plus_1; minus_value = e.sel(even, n_plus_1, neg_(e, n_plus_1)); }
-    if (f == "v") { plus_value = one; minus_value = e.sel(even, two_n_plus_1, neg_(e, two_n_plus_1)); }
-    if (f == "w") { plus_value = two_n_plus_1; minus_value = alt; }
+    if (f == Poly::ChebyshevT) { plus_value = one; minus_value = e.sel(even, one, e.k(-1.0)); }
+    if (f == Poly::ChebyshevU) { plus_value = n_plus_1; minus_value = e.sel(even, n_plus_1, neg_(e, n_plus_1)); }
+    if (f == Poly::ChebyshevV) { plus_value = one; minus_value = e.sel(even, two_n_plus_1, neg_(e, two_n_plus_1)); }
+    if (f == Poly::ChebyshevW) { plus_value = two_n_plus_1; minus_value = alt; }
     closed_cond = e.bor(at_plus, at_minus);
     closed = e.sel(at_plus, plus_value, minus_value);
     // Trigonometric forms for large n inside the interval.
-    int64_t threshold = f == "t" ? 6 : poly.shifted ? (f == "w" ? 4 : 6) : 8;
-    V inside = e.band(n_is("GT", threshold), e.cmp("LT", abs_(e, y), one));
-    V theta = e.un("chlo.acos", y);
+    int64_t threshold = f == Poly::ChebyshevT ? 6 : poly.shifted ? (f == Poly::ChebyshevW ? 4 : 6) : 8;
+    V inside = e.band(n_is(Cmp::GT, threshold), e.cmp(Cmp::LT, abs_(e, y), one));
+    V theta = e.un(Hlo::ChloAcos, y);
     V trig;
-    if (f == "t") {
+    if (f == Poly::ChebyshevT) {
       trig = cos_(e, e.mul(nf, theta));
-    } else if (f == "u") {
+    } else if (f == Poly::ChebyshevU) {
       V s = sin_(e, theta);
-      trig = e.sel(e.cmp("NE", s, e.k(0.0)), e.div(sin_(e, e.mul(n_plus_1, theta)), s),
+      trig = e.sel(e.cmp(Cmp::NE, s, e.k(0.0)), e.div(sin_(e, e.mul(n_plus_1, theta)), s),
                    e.div(e.mul(n_plus_1, cos_(e, e.mul(n_plus_1, theta))), y));
-    } else if (f == "v") {
+    } else if (f == Poly::ChebyshevV) {
       V half = e.div(theta, e.k(2.0));
-      trig = e.sel(e.cmp("NE", sin_(e, half), one), e.div(cos_(e, e.mul(e.add(nf, e.k(0.5)), theta)), cos_(e, half)),
+      trig = e.sel(e.cmp(Cmp::NE, sin_(e, half), one), e.div(cos_(e, e.mul(e.add(nf, e.k(0.5)), theta)), cos_(e, half)),
                    e.sel(even, two_n_plus_1, neg_(e, two_n_plus_1)));
     } else {
       V half = e.div(theta, e.k(2.0));
-      V edge = poly.shifted ? alt : e.sel(e.cmp("GT", x, e.k(0.0)), two_n_plus_1, alt);
-      trig = e.sel(e.cmp("NE", cos_(e, half), one), e.div(sin_(e, e.mul(e.add(nf, e.k(0.5)), theta)), sin_(e, half)),
+      V edge = poly.shifted ? alt : e.sel(e.cmp(Cmp::GT, x, e.k(0.0)), two_n_plus_1, alt);
+      trig = e.sel(e.cmp(Cmp::NE, cos_(e, half), one), e.div(sin_(e, e.mul(e.add(nf, e.k(0.5)), theta)), sin_(e, half)),
                    edge);
     }
     V steps = e.sel(inside, ctx.constant_int(0, DType::Int64, e.shape),
-                    ctx.binary("stablehlo.subtract", n, ctx.constant_int(1, DType::Int64, e.shape)));
+                    ctx.binary(Hlo::Subtract, n, ctx.constant_int(1, DType::Int64, e.shape)));
     r = recurrence(e, y, p1, steps, true,
                    [&](const V&, const V& yy, const V& p, const V& q) { return e.sub(e.mul(e.add(yy, yy), q), p); });
     r = e.sel(inside, trig, r);
   } else {
-    V steps = ctx.binary("stablehlo.subtract", n, ctx.constant_int(1, DType::Int64, e.shape));
-    if (f == "h") {
+    V steps = ctx.binary(Hlo::Subtract, n, ctx.constant_int(1, DType::Int64, e.shape));
+    if (f == Poly::HermiteH) {
       p1 = e.add(x, x);
       r = recurrence(e, x, p1, steps, false, [&](const V& k, const V& xx, const V& p, const V& q) {
         V kk = e.mul(e.add(k, one), e.k(2.0));
         return e.sub(e.mul(e.add(xx, xx), q), e.mul(kk, p));
       });
-    } else if (f == "he") {
+    } else if (f == Poly::HermiteHe) {
       p1 = x;
       r = recurrence(e, x, p1, steps, false, [&](const V& k, const V& xx, const V& p, const V& q) {
         return e.sub(e.mul(xx, q), e.mul(e.add(k, one), p));
       });
-    } else if (f == "l") {
+    } else if (f == Poly::LaguerreL) {
       p1 = e.sub(one, x);
       r = recurrence(e, x, p1, steps, true, [&](const V& k, const V& xx, const V& p, const V& q) {
         V kk = e.add(k, one);
         return e.div(e.sub(e.mul(e.add(e.add(kk, kk), e.sub(one, xx)), q), e.mul(kk, p)), e.add(kk, one));
       });
-      closed_cond = e.cmp("EQ", abs_(e, x), e.k(0.0));
+      closed_cond = e.cmp(Cmp::EQ, abs_(e, x), e.k(0.0));
       closed = one;
     } else {  // "p": Legendre
       p1 = x;
@@ -758,63 +779,68 @@ V polynomial(const Ex& e, const Polynomial& poly, const V& x, const V& n_in) {
         V kk = e.add(k, one);
         return e.div(e.sub(e.mul(e.mul(e.add(e.add(kk, kk), one), xx), q), e.mul(kk, p)), e.add(kk, one));
       });
-      closed_cond = e.cmp("EQ", abs_(e, x), one);
-      closed = e.sel(e.bor(e.cmp("GT", x, e.k(0.0)), even), one, e.k(-1.0));
+      closed_cond = e.cmp(Cmp::EQ, abs_(e, x), one);
+      closed = e.sel(e.bor(e.cmp(Cmp::GT, x, e.k(0.0)), even), one, e.k(-1.0));
     }
   }
-  r = e.sel(n_is("EQ", 1), p1, r);
-  r = e.sel(n_is("EQ", 0), one, r);
-  if (f == "h" || f == "he") {
+  r = e.sel(n_is(Cmp::EQ, 1), p1, r);
+  r = e.sel(n_is(Cmp::EQ, 0), one, r);
+  if (f == Poly::HermiteH || f == Poly::HermiteHe) {
     // CPU checks n == 0 and n == 1 before the degree limit.
     int64_t limit = e.dt == DType::Float64 ? 512 : 128;
-    r = e.sel(e.band(n_is("GT", limit), n_is("GT", 1)), e.k(kNaN), r);
+    r = e.sel(e.band(n_is(Cmp::GT, limit), n_is(Cmp::GT, 1)), e.k(kNaN), r);
   }
   if (!closed_cond.name.empty()) r = e.sel(closed_cond, closed, r);
-  return e.sel(n_is("LT", 0), e.k(0.0), r);
+  return e.sel(n_is(Cmp::LT, 0), e.k(0.0), r);
 }
 
 // ---------------------------------------------------------------------------------------
 // Lowerings
 
 // Unary special functions of x, computed in compute_dtype(out).
-V special_unary(const Ex& e, const std::string& f, const V& x) {
-  if (f == "digamma") return digamma(e, x);
-  if (f == "i0") return i0(e, x);
-  if (f == "i0e") return i0e(e, x);
-  if (f == "i1") return i1(e, x);
-  if (f == "i1e") return i1e(e, x);
-  if (f == "k0") return modified_k(e, x, 0, false);
-  if (f == "k1") return modified_k(e, x, 1, false);
-  if (f == "k0e") return modified_k(e, x, 0, true);
-  if (f == "k1e") return modified_k(e, x, 1, true);
-  if (f == "j0") return bessel_j0(e, x);
-  if (f == "j1") return bessel_j1(e, x);
-  if (f == "y0") return bessel_y0(e, x);
-  if (f == "y1") return bessel_y1(e, x);
-  if (f == "spherical_j0") return spherical_bessel_j0(e, x);
-  if (f == "airy_ai") return airy_ai(e, x);
-  if (f == "ndtri") return ndtri(e, x);
-  if (f == "erfcx") return erfcx(e, x);
-  if (f == "log_ndtr") return log_ndtr(e, x);
-  if (f == "entr") {
+// The unary special functions of lower_special_unary.
+enum class SpecialFn : uint8_t {
+  Digamma, I0, I0e, I1, I1e, K0, K1, K0e, K1e, J0, J1, Y0, Y1, SphericalJ0, AiryAi, Ndtri, Erfcx, LogNdtr, Entr, Sinc
+};
+
+V special_unary(const Ex& e, SpecialFn f, const V& x) {
+  if (f == SpecialFn::Digamma) return digamma(e, x);
+  if (f == SpecialFn::I0) return i0(e, x);
+  if (f == SpecialFn::I0e) return i0e(e, x);
+  if (f == SpecialFn::I1) return i1(e, x);
+  if (f == SpecialFn::I1e) return i1e(e, x);
+  if (f == SpecialFn::K0) return modified_k(e, x, 0, false);
+  if (f == SpecialFn::K1) return modified_k(e, x, 1, false);
+  if (f == SpecialFn::K0e) return modified_k(e, x, 0, true);
+  if (f == SpecialFn::K1e) return modified_k(e, x, 1, true);
+  if (f == SpecialFn::J0) return bessel_j0(e, x);
+  if (f == SpecialFn::J1) return bessel_j1(e, x);
+  if (f == SpecialFn::Y0) return bessel_y0(e, x);
+  if (f == SpecialFn::Y1) return bessel_y1(e, x);
+  if (f == SpecialFn::SphericalJ0) return spherical_bessel_j0(e, x);
+  if (f == SpecialFn::AiryAi) return airy_ai(e, x);
+  if (f == SpecialFn::Ndtri) return ndtri(e, x);
+  if (f == SpecialFn::Erfcx) return erfcx(e, x);
+  if (f == SpecialFn::LogNdtr) return log_ndtr(e, x);
+  if (f == SpecialFn::Entr) {
     // -x log x; 0 at 0; -inf below; NaN stays NaN.
     V r = neg_(e, e.mul(x, log_(e, x)));
-    r = e.sel(e.cmp("EQ", x, e.k(0.0)), e.k(0.0), r);
-    r = e.sel(e.cmp("LT", x, e.k(0.0)), e.k(-kInf), r);
+    r = e.sel(e.cmp(Cmp::EQ, x, e.k(0.0)), e.k(0.0), r);
+    r = e.sel(e.cmp(Cmp::LT, x, e.k(0.0)), e.k(-kInf), r);
     return e.sel(e.isnan(x), x, r);
   }
-  if (f == "sinc") {
+  if (f == SpecialFn::Sinc) {
     V px = e.mul(e.k(kPi), x);
-    return e.sel(e.cmp("EQ", x, e.k(0.0)), e.k(1.0), e.div(sin_(e, px), px));
+    return e.sel(e.cmp(Cmp::EQ, x, e.k(0.0)), e.k(1.0), e.div(sin_(e, px), px));
   }
-  throw std::logic_error("torchtpu: unknown special function " + f);
+  throw std::logic_error("torchtpu: unknown special function " + std::to_string(static_cast<int>(f)));
 }
 
 void lower_special_unary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = make_ex(ctx, compute_dtype(out.dtype), out.shape);
   V x = e.arg(node, 0);
-  ctx.set_result(ctx.convert(special_unary(e, rule_data(node), x), out.dtype));
+  ctx.set_result(ctx.convert(special_unary(e, rule_param<SpecialFn>(node), x), out.dtype));
 }
 
 // polygamma(n, self) / special_polygamma(n, self)
@@ -829,45 +855,45 @@ void lower_polygamma(LoweringContext& ctx, const Node& node) {
 void lower_special_binary(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   Ex e = operands_ex(ctx, out);
-  std::string f = rule_data(node);
+  SpecialBinary f = rule_param<SpecialBinary>(node);
   V a = e.arg(node, 0), b = e.arg(node, 1);
   V r;
-  if (f == "zeta") {
+  if (f == SpecialBinary::Zeta) {
     r = zeta(e, a, b);
-  } else if (f == "xlogy" || f == "xlog1py") {
+  } else if (f == SpecialBinary::Xlogy || f == SpecialBinary::Xlog1py) {
     // x * log(y) (log1p(y)); 0 where x == 0 unless y is NaN.
-    V l = f == "xlogy" ? log_(e, b) : e.un("stablehlo.log_plus_one", b);
-    r = e.sel(e.cmp("EQ", a, e.k(0.0)), e.k(0.0), e.mul(a, l));
+    V l = f == SpecialBinary::Xlogy ? log_(e, b) : e.un(Hlo::LogPlusOne, b);
+    r = e.sel(e.cmp(Cmp::EQ, a, e.k(0.0)), e.k(0.0), e.mul(a, l));
     r = e.sel(e.isnan(b), b, r);
   } else {
-    r = polynomial(e, parse_polynomial(f), a, b);
+    r = polynomial(e, polynomial_of(f), a, b);
   }
   ctx.set_result(ctx.convert(r, out.dtype));
 }
 
 #define SPECIAL_UNARY(op, f) LOWERING(op, lower_special_unary, f)
-SPECIAL_UNARY("aten::digamma", "digamma");
-SPECIAL_UNARY("aten::i0", "i0");
-SPECIAL_UNARY("aten::special_i0e", "i0e");
-SPECIAL_UNARY("aten::special_i1", "i1");
-SPECIAL_UNARY("aten::special_i1e", "i1e");
-SPECIAL_UNARY("aten::special_modified_bessel_i0", "i0");
-SPECIAL_UNARY("aten::special_modified_bessel_i1", "i1");
-SPECIAL_UNARY("aten::special_modified_bessel_k0", "k0");
-SPECIAL_UNARY("aten::special_modified_bessel_k1", "k1");
-SPECIAL_UNARY("aten::special_scaled_modified_bessel_k0", "k0e");
-SPECIAL_UNARY("aten::special_scaled_modified_bessel_k1", "k1e");
-SPECIAL_UNARY("aten::special_bessel_j0", "j0");
-SPECIAL_UNARY("aten::special_bessel_j1", "j1");
-SPECIAL_UNARY("aten::special_bessel_y0", "y0");
-SPECIAL_UNARY("aten::special_bessel_y1", "y1");
-SPECIAL_UNARY("aten::special_spherical_bessel_j0", "spherical_j0");
-SPECIAL_UNARY("aten::special_airy_ai", "airy_ai");
-SPECIAL_UNARY("aten::special_ndtri", "ndtri");
-SPECIAL_UNARY("aten::special_erfcx", "erfcx");
-SPECIAL_UNARY("aten::special_log_ndtr", "log_ndtr");
-SPECIAL_UNARY("aten::special_entr", "entr");
-SPECIAL_UNARY("aten::sinc", "sinc");
+SPECIAL_UNARY("aten::digamma", SpecialFn::Digamma);
+SPECIAL_UNARY("aten::i0", SpecialFn::I0);
+SPECIAL_UNARY("aten::special_i0e", SpecialFn::I0e);
+SPECIAL_UNARY("aten::special_i1", SpecialFn::I1);
+SPECIAL_UNARY("aten::special_i1e", SpecialFn::I1e);
+SPECIAL_UNARY("aten::special_modified_bessel_i0", SpecialFn::I0);
+SPECIAL_UNARY("aten::special_modified_bessel_i1", SpecialFn::I1);
+SPECIAL_UNARY("aten::special_modified_bessel_k0", SpecialFn::K0);
+SPECIAL_UNARY("aten::special_modified_bessel_k1", SpecialFn::K1);
+SPECIAL_UNARY("aten::special_scaled_modified_bessel_k0", SpecialFn::K0e);
+SPECIAL_UNARY("aten::special_scaled_modified_bessel_k1", SpecialFn::K1e);
+SPECIAL_UNARY("aten::special_bessel_j0", SpecialFn::J0);
+SPECIAL_UNARY("aten::special_bessel_j1", SpecialFn::J1);
+SPECIAL_UNARY("aten::special_bessel_y0", SpecialFn::Y0);
+SPECIAL_UNARY("aten::special_bessel_y1", SpecialFn::Y1);
+SPECIAL_UNARY("aten::special_spherical_bessel_j0", SpecialFn::SphericalJ0);
+SPECIAL_UNARY("aten::special_airy_ai", SpecialFn::AiryAi);
+SPECIAL_UNARY("aten::special_ndtri", SpecialFn::Ndtri);
+SPECIAL_UNARY("aten::special_erfcx", SpecialFn::Erfcx);
+SPECIAL_UNARY("aten::special_log_ndtr", SpecialFn::LogNdtr);
+SPECIAL_UNARY("aten::special_entr", SpecialFn::Entr);
+SPECIAL_UNARY("aten::sinc", SpecialFn::Sinc);
 #undef SPECIAL_UNARY
 
 LOWERING("aten::polygamma", lower_polygamma);
@@ -876,29 +902,29 @@ LOWERING("aten::polygamma", lower_polygamma);
   LOWERING("aten::" op, lower_special_binary, f);              \
   LOWERING("aten::" op ".x_scalar", lower_special_binary, f); \
   LOWERING("aten::" op ".n_scalar", lower_special_binary, f)
-SPECIAL_BINARY("special_chebyshev_polynomial_t", "t");
-SPECIAL_BINARY("special_chebyshev_polynomial_u", "u");
-SPECIAL_BINARY("special_chebyshev_polynomial_v", "v");
-SPECIAL_BINARY("special_chebyshev_polynomial_w", "w");
-SPECIAL_BINARY("special_shifted_chebyshev_polynomial_t", "shifted_t");
-SPECIAL_BINARY("special_shifted_chebyshev_polynomial_u", "shifted_u");
-SPECIAL_BINARY("special_shifted_chebyshev_polynomial_v", "shifted_v");
-SPECIAL_BINARY("special_shifted_chebyshev_polynomial_w", "shifted_w");
-SPECIAL_BINARY("special_hermite_polynomial_h", "h");
-SPECIAL_BINARY("special_hermite_polynomial_he", "he");
-SPECIAL_BINARY("special_laguerre_polynomial_l", "l");
-SPECIAL_BINARY("special_legendre_polynomial_p", "p");
+SPECIAL_BINARY("special_chebyshev_polynomial_t", SpecialBinary::ChebyshevT);
+SPECIAL_BINARY("special_chebyshev_polynomial_u", SpecialBinary::ChebyshevU);
+SPECIAL_BINARY("special_chebyshev_polynomial_v", SpecialBinary::ChebyshevV);
+SPECIAL_BINARY("special_chebyshev_polynomial_w", SpecialBinary::ChebyshevW);
+SPECIAL_BINARY("special_shifted_chebyshev_polynomial_t", SpecialBinary::ShiftedChebyshevT);
+SPECIAL_BINARY("special_shifted_chebyshev_polynomial_u", SpecialBinary::ShiftedChebyshevU);
+SPECIAL_BINARY("special_shifted_chebyshev_polynomial_v", SpecialBinary::ShiftedChebyshevV);
+SPECIAL_BINARY("special_shifted_chebyshev_polynomial_w", SpecialBinary::ShiftedChebyshevW);
+SPECIAL_BINARY("special_hermite_polynomial_h", SpecialBinary::HermiteH);
+SPECIAL_BINARY("special_hermite_polynomial_he", SpecialBinary::HermiteHe);
+SPECIAL_BINARY("special_laguerre_polynomial_l", SpecialBinary::LaguerreL);
+SPECIAL_BINARY("special_legendre_polynomial_p", SpecialBinary::LegendreP);
 #undef SPECIAL_BINARY
 
-LOWERING("aten::special_zeta", lower_special_binary, "zeta");
-LOWERING("aten::special_zeta.self_scalar", lower_special_binary, "zeta");
-LOWERING("aten::special_zeta.other_scalar", lower_special_binary, "zeta");
-LOWERING("aten::xlogy.Tensor", lower_special_binary, "xlogy");
-LOWERING("aten::xlogy.Scalar_Self", lower_special_binary, "xlogy");
-LOWERING("aten::xlogy.Scalar_Other", lower_special_binary, "xlogy");
-LOWERING("aten::special_xlog1py", lower_special_binary, "xlog1py");
-LOWERING("aten::special_xlog1py.self_scalar", lower_special_binary, "xlog1py");
-LOWERING("aten::special_xlog1py.other_scalar", lower_special_binary, "xlog1py");
+LOWERING("aten::special_zeta", lower_special_binary, SpecialBinary::Zeta);
+LOWERING("aten::special_zeta.self_scalar", lower_special_binary, SpecialBinary::Zeta);
+LOWERING("aten::special_zeta.other_scalar", lower_special_binary, SpecialBinary::Zeta);
+LOWERING("aten::xlogy.Tensor", lower_special_binary, SpecialBinary::Xlogy);
+LOWERING("aten::xlogy.Scalar_Self", lower_special_binary, SpecialBinary::Xlogy);
+LOWERING("aten::xlogy.Scalar_Other", lower_special_binary, SpecialBinary::Xlogy);
+LOWERING("aten::special_xlog1py", lower_special_binary, SpecialBinary::Xlog1py);
+LOWERING("aten::special_xlog1py.self_scalar", lower_special_binary, SpecialBinary::Xlog1py);
+LOWERING("aten::special_xlog1py.other_scalar", lower_special_binary, SpecialBinary::Xlog1py);
 
 }  // namespace
 }  // namespace torchtpu

@@ -1,5 +1,6 @@
 // The engine's bucket runner (engine/buckets.h) in Python: a fused flush that differs from an
 // earlier one only in sizes goes to torchtpu/_fused_buckets.py, which records it padded.
+#include <pybind11/complex.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -84,6 +85,7 @@ py::tuple arg_to_py(const Arg& a, const std::vector<SizeExpr>& ints, int scalar)
       return py::make_tuple("bools", out);
     }
     case Arg::Kind::String: return py::make_tuple("str", a.s);
+    case Arg::Kind::Complex: return py::make_tuple("complex", py::cast(std::complex<double>(a.doubles[0], a.doubles[1])));
   }
   return py::make_tuple("none", py::none());
 }

@@ -21,6 +21,41 @@ std::string format_dims(const std::vector<int64_t>& dims) {
   return s + ">";
 }
 
+const char* hlo_name(Hlo op) {
+  // In Hlo's order.
+  static const char* const names[] = {
+    "stablehlo.abs", "stablehlo.add", "stablehlo.all_gather", "stablehlo.all_reduce",
+    "stablehlo.all_to_all", "stablehlo.and", "stablehlo.atan2", "stablehlo.bitcast_convert",
+    "stablehlo.broadcast_in_dim", "stablehlo.ceil", "stablehlo.cholesky",
+    "stablehlo.collective_permute", "stablehlo.compare", "stablehlo.complex", "stablehlo.concatenate",
+    "stablehlo.constant", "stablehlo.convert", "stablehlo.convolution", "stablehlo.cosine",
+    "stablehlo.count_leading_zeros", "stablehlo.custom_call", "stablehlo.divide",
+    "stablehlo.dot_general", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
+    "stablehlo.exponential", "stablehlo.exponential_minus_one", "stablehlo.fft", "stablehlo.floor",
+    "stablehlo.gather", "stablehlo.if", "stablehlo.imag", "stablehlo.iota", "stablehlo.is_finite",
+    "stablehlo.log", "stablehlo.log_plus_one", "stablehlo.logistic", "stablehlo.maximum",
+    "stablehlo.minimum", "stablehlo.multiply", "stablehlo.negate", "stablehlo.not",
+    "stablehlo.optimization_barrier", "stablehlo.or", "stablehlo.pad", "stablehlo.power",
+    "stablehlo.real", "stablehlo.reduce", "stablehlo.reduce_precision", "stablehlo.reduce_scatter",
+    "stablehlo.reduce_window", "stablehlo.remainder", "stablehlo.reshape", "stablehlo.return",
+    "stablehlo.reverse", "stablehlo.rng_bit_generator", "stablehlo.round_nearest_even",
+    "stablehlo.rsqrt", "stablehlo.scatter", "stablehlo.select", "stablehlo.shift_left",
+    "stablehlo.shift_right_arithmetic", "stablehlo.shift_right_logical", "stablehlo.sign",
+    "stablehlo.sine", "stablehlo.slice", "stablehlo.sort", "stablehlo.sqrt", "stablehlo.subtract",
+    "stablehlo.tan", "stablehlo.tanh", "stablehlo.transpose", "stablehlo.triangular_solve",
+    "stablehlo.while", "stablehlo.xor", "chlo.acos", "chlo.acosh", "chlo.asin", "chlo.asinh",
+    "chlo.atan", "chlo.atanh", "chlo.cosh", "chlo.digamma", "chlo.erf", "chlo.erf_inv", "chlo.erfc",
+    "chlo.lgamma", "chlo.sinh",
+  };
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Hlo::ChloSinh) + 1);
+  return names[static_cast<size_t>(op)];
+}
+
+const char* cmp_name(Cmp direction) {
+  static const char* const names[] = {"EQ", "NE", "LT", "LE", "GT", "GE"};
+  return names[static_cast<size_t>(direction)];
+}
+
 namespace {
 
 // Float literal that MLIR parses back to exactly this value (hex for inf/nan).
@@ -143,13 +178,13 @@ void LoweringContext::check(const V& failed, const V& value, RuntimeCheck check)
   V flat = reshape(convert(failed, DType::Bool), {n});
   V positions = iota(TensorType{{n}, DType::Int64}, 0);
   V first = reduce(select(flat, positions, constant_int(n, DType::Int64, {n})), {0}, constant_int(n, DType::Int64),
-                   "stablehlo.minimum");
-  V any = convert(compare("LT", first, constant_int(n, DType::Int64)), DType::Int64);
+                   Hlo::Minimum);
+  V any = convert(compare(Cmp::LT, first, constant_int(n, DType::Int64)), DType::Int64);
   V reported = constant_int(0, DType::Int64, {1});
   if (!value.name.empty()) {
     V values = convert(reshape(value, {n}), DType::Int64);
-    V at = binary("stablehlo.minimum", first, constant_int(n - 1, DType::Int64));
-    reported = emit("stablehlo.dynamic_slice", {values, at}, TensorType{{1}, DType::Int64},
+    V at = binary(Hlo::Minimum, first, constant_int(n - 1, DType::Int64));
+    reported = emit(Hlo::DynamicSlice, {values, at}, TensorType{{1}, DType::Int64},
                     "slice_sizes = array<i64: 1>");
   }
   checks_.push_back(EmittedCheck{node_, std::move(check), concatenate({reshape(any, {1}), reported}, 0)});
@@ -163,6 +198,17 @@ V LoweringContext::complex_scalar(const Arg& a, int slot, DType dtype) {
   V re = convert(reshape(slice(float_pack_, {slot}, {slot + 1}, {1}), {}), part);
   V im = convert(reshape(slice(float_pack_, {slot + 1}, {slot + 2}, {1}), {}), part);
   return make_complex(re, im);
+}
+
+V LoweringContext::emit(Hlo op, const std::vector<V>& operands, const TensorType& result, const std::string& attrs,
+                        const std::string& regions) {
+  return emit_multi(hlo_name(op), operands, {result}, attrs, regions)[0];
+}
+
+std::vector<V> LoweringContext::emit_multi(Hlo op, const std::vector<V>& operands,
+                                           const std::vector<TensorType>& results, const std::string& attrs,
+                                           const std::string& regions) {
+  return emit_multi(hlo_name(op), operands, results, attrs, regions);
 }
 
 V LoweringContext::emit(const std::string& op, const std::vector<V>& operands, const TensorType& result,
@@ -205,14 +251,14 @@ V LoweringContext::constant(double value, DType dtype, const std::vector<int64_t
   if (dtype == DType::Bool) literal = value != 0.0 ? "true" : "false";
   else if (is_floating(dtype)) literal = float_literal(value, dtype);
   else return constant_int(static_cast<int64_t>(value), dtype, shape);
-  return emit("stablehlo.constant", {}, type, "value = dense<" + literal + "> : " + type.mlir());
+  return emit(Hlo::Constant, {}, type, "value = dense<" + literal + "> : " + type.mlir());
 }
 
 V LoweringContext::constant_complex(double real, double imag, DType dtype, const std::vector<int64_t>& shape) {
   TensorType type{shape, dtype};
   DType part = real_part_type(dtype);
   std::string literal = "(" + float_literal(real, part) + ", " + float_literal(imag, part) + ")";
-  return emit("stablehlo.constant", {}, type, "value = dense<" + literal + "> : " + type.mlir());
+  return emit(Hlo::Constant, {}, type, "value = dense<" + literal + "> : " + type.mlir());
 }
 
 V LoweringContext::constant_int(int64_t value, DType dtype, const std::vector<int64_t>& shape) {
@@ -220,7 +266,7 @@ V LoweringContext::constant_int(int64_t value, DType dtype, const std::vector<in
   TensorType type{shape, dtype};
   std::string literal = dtype == DType::Bool ? (value ? "true" : "false") : std::to_string(value);
   if (dtype == DType::UInt8) literal = std::to_string(static_cast<uint8_t>(value));
-  return emit("stablehlo.constant", {}, type, "value = dense<" + literal + "> : " + type.mlir());
+  return emit(Hlo::Constant, {}, type, "value = dense<" + literal + "> : " + type.mlir());
 }
 
 V LoweringContext::convert(const V& x, DType dtype) {
@@ -228,7 +274,7 @@ V LoweringContext::convert(const V& x, DType dtype) {
   if (dtype == DType::Bool) {
     // PyTorch: nonzero -> true (a plain convert would truncate).
     V zero = constant(0, x.type.dtype, x.type.shape);
-    return compare("NE", x, zero);
+    return compare(Cmp::NE, x, zero);
   }
   if (x.type.dtype == DType::Bool && is_floating(dtype)) {
     // XLA's simplifier rewrites multiply(a, convert(pred)) as select(pred, a, 0), which loses
@@ -240,42 +286,42 @@ V LoweringContext::convert(const V& x, DType dtype) {
   if (is_complex(dtype) && !is_complex(x.type.dtype)) {
     // Through the part type, so integer and half inputs round as PyTorch's casts do.
     V part = convert(x, real_part_type(dtype));
-    return emit("stablehlo.convert", {part}, TensorType{x.type.shape, dtype});
+    return emit(Hlo::Convert, {part}, TensorType{x.type.shape, dtype});
   }
   if (is_floating(x.type.dtype) && (dtype == DType::UInt8 || dtype == DType::Int8 || dtype == DType::Int16)) {
     // PyTorch's CPU casts truncate to a wide integer and wrap; XLA would saturate.
-    V wide = emit("stablehlo.convert", {x}, TensorType{x.type.shape, DType::Int64});
-    return emit("stablehlo.convert", {wide}, TensorType{x.type.shape, dtype});
+    V wide = emit(Hlo::Convert, {x}, TensorType{x.type.shape, DType::Int64});
+    return emit(Hlo::Convert, {wide}, TensorType{x.type.shape, dtype});
   }
-  return emit("stablehlo.convert", {x}, TensorType{x.type.shape, dtype});
+  return emit(Hlo::Convert, {x}, TensorType{x.type.shape, dtype});
 }
 
 V LoweringContext::real_part(const V& x) {
   if (!is_complex(x.type.dtype)) return x;
-  return emit("stablehlo.real", {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)});
+  return emit(Hlo::Real, {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)});
 }
 
 V LoweringContext::imag_part(const V& x) {
   if (!is_complex(x.type.dtype)) return constant(0, x.type.dtype, x.type.shape);
-  return emit("stablehlo.imag", {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)});
+  return emit(Hlo::Imag, {x}, TensorType{x.type.shape, real_part_type(x.type.dtype)});
 }
 
 V LoweringContext::make_complex(const V& real, const V& imag) {
-  return emit("stablehlo.complex", {real, imag}, TensorType{real.type.shape, complex_type_of(real.type.dtype)});
+  return emit(Hlo::Complex, {real, imag}, TensorType{real.type.shape, complex_type_of(real.type.dtype)});
 }
 
 V LoweringContext::conj(const V& x) {
   if (!is_complex(x.type.dtype)) return x;
-  return make_complex(real_part(x), unary("stablehlo.negate", imag_part(x)));
+  return make_complex(real_part(x), unary(Hlo::Negate, imag_part(x)));
 }
 
 V LoweringContext::reshape(const V& x, const std::vector<int64_t>& shape) {
   if (x.type.shape == shape) return x;
-  return emit("stablehlo.reshape", {x}, TensorType{shape, x.type.dtype});
+  return emit(Hlo::Reshape, {x}, TensorType{shape, x.type.dtype});
 }
 
 V LoweringContext::broadcast_in_dim(const V& x, const std::vector<int64_t>& shape, const std::vector<int64_t>& dims) {
-  return emit("stablehlo.broadcast_in_dim", {x}, TensorType{shape, x.type.dtype},
+  return emit(Hlo::BroadcastInDim, {x}, TensorType{shape, x.type.dtype},
               "broadcast_dimensions = " + format_dims(dims));
 }
 
@@ -315,7 +361,7 @@ V LoweringContext::transpose(const V& x, const std::vector<int64_t>& permutation
     identity &= permutation[i] == static_cast<int64_t>(i);
   }
   if (identity) return x;
-  return emit("stablehlo.transpose", {x}, TensorType{shape, x.type.dtype},
+  return emit(Hlo::Transpose, {x}, TensorType{shape, x.type.dtype},
               "permutation = " + format_dims(permutation));
 }
 
@@ -326,7 +372,7 @@ V LoweringContext::slice(const V& x, const std::vector<int64_t>& start, const st
     int64_t extent = limit[i] - start[i];
     shape[i] = extent <= 0 ? 0 : (extent + strides[i] - 1) / strides[i];
   }
-  return emit("stablehlo.slice", {x}, TensorType{shape, x.type.dtype},
+  return emit(Hlo::Slice, {x}, TensorType{shape, x.type.dtype},
               "start_indices = " + format_dims(start) + ", limit_indices = " + format_dims(limit) +
                   ", strides = " + format_dims(strides));
 }
@@ -336,21 +382,54 @@ V LoweringContext::concatenate(const std::vector<V>& xs, int64_t dim) {
   TensorType type = xs[0].type;
   type.shape[dim] = 0;
   for (auto& x : xs) type.shape[dim] += x.type.shape[dim];
-  return emit("stablehlo.concatenate", xs, type, "dimension = " + std::to_string(dim) + " : i64");
+  return emit(Hlo::Concatenate, xs, type, "dimension = " + std::to_string(dim) + " : i64");
 }
 
-V LoweringContext::unary(const char* op, const V& x) { return emit(op, {x}, x.type); }
+void LoweringContext::check_same_type(const char* op, const V& a, const V& b) const {
+  if (a.type == b.type) return;
+  throw std::logic_error(std::string("torchtpu: ") + op + " takes operands of one type, got " + a.type.mlir() +
+                         " and " + b.type.mlir() + (node_ ? " (lowering " + node_->op.name() + ")" : ""));
+}
 
-V LoweringContext::binary(const char* op, const V& a, const V& b) { return emit(op, {a, b}, a.type); }
+V LoweringContext::unary(Hlo op, const V& x) { return emit(op, {x}, x.type); }
 
-V LoweringContext::compare(const char* direction, const V& a, const V& b) {
-  return emit("stablehlo.compare", {a, b}, TensorType{a.type.shape, DType::Bool},
-              std::string("comparison_direction = #stablehlo<comparison_direction ") + direction +
+V LoweringContext::binary(Hlo op, const V& a, const V& b) {
+  check_same_type(hlo_name(op), a, b);
+  return emit(op, {a, b}, a.type);
+}
+
+V LoweringContext::compare(Cmp direction, const V& a, const V& b) {
+  check_same_type(hlo_name(Hlo::Compare), a, b);
+  return emit(Hlo::Compare, {a, b}, TensorType{a.type.shape, DType::Bool},
+              std::string("comparison_direction = #stablehlo<comparison_direction ") + cmp_name(direction) +
                   ">, compare_type = #stablehlo<comparison_type " + compare_type(a.type.dtype) + ">");
 }
 
 V LoweringContext::select(const V& pred, const V& on_true, const V& on_false) {
-  return emit("stablehlo.select", {pred, on_true, on_false}, on_true.type);
+  check_same_type(hlo_name(Hlo::Select), on_true, on_false);
+  if (pred.type.dtype != DType::Bool || (pred.type.rank() != 0 && pred.type.shape != on_true.type.shape))
+    throw std::logic_error("torchtpu: stablehlo.select takes a bool predicate of its operands' shape or 0-d, got " +
+                           pred.type.mlir() + " for " + on_true.type.mlir() +
+                           (node_ ? " (lowering " + node_->op.name() + ")" : ""));
+  return emit(Hlo::Select, {pred, on_true, on_false}, on_true.type);
+}
+
+V LoweringContext::reduce(const V& x, const std::vector<int64_t>& dims, const V& init, Hlo op) {
+  return reduce(x, dims, init, hlo_name(op));
+}
+
+V LoweringContext::unary(const char* op, const V& x) { return emit(op, {x}, x.type); }
+
+V LoweringContext::binary(const char* op, const V& a, const V& b) {
+  check_same_type(op, a, b);
+  return emit(op, {a, b}, a.type);
+}
+
+V LoweringContext::compare(const char* direction, const V& a, const V& b) {
+  static const char* const directions[] = {"EQ", "NE", "LT", "LE", "GT", "GE"};
+  for (int i = 0; i < 6; ++i)
+    if (std::strcmp(direction, directions[i]) == 0) return compare(static_cast<Cmp>(i), a, b);
+  throw std::logic_error(std::string("torchtpu: no comparison direction ") + direction);
 }
 
 V LoweringContext::reduce(const V& x, const std::vector<int64_t>& dims, const V& init, const char* op) {
@@ -364,12 +443,12 @@ V LoweringContext::reduce(const V& x, const std::vector<int64_t>& dims, const V&
     for (int64_t d : dims) reduced |= d == i;
     if (!reduced) shape.push_back(x.type.shape[i]);
   }
-  return emit("stablehlo.reduce", {x, init}, TensorType{shape, x.type.dtype},
+  return emit(Hlo::Reduce, {x, init}, TensorType{shape, x.type.dtype},
               "dimensions = " + format_dims(dims), body);
 }
 
 V LoweringContext::iota(const TensorType& type, int64_t dim) {
-  return emit("stablehlo.iota", {}, type, "iota_dimension = " + std::to_string(dim) + " : i64");
+  return emit(Hlo::Iota, {}, type, "iota_dimension = " + std::to_string(dim) + " : i64");
 }
 
 V LoweringContext::dot_general(const V& lhs, const V& rhs, const std::vector<int64_t>& lhs_batch,
@@ -379,7 +458,7 @@ V LoweringContext::dot_general(const V& lhs, const V& rhs, const std::vector<int
                       ", rhs_batching_dimensions = " + format_list(rhs_batch) +
                       ", lhs_contracting_dimensions = " + format_list(lhs_contract) +
                       ", rhs_contracting_dimensions = " + format_list(rhs_contract) + ">";
-  return emit("stablehlo.dot_general", {lhs, rhs}, result, attrs);
+  return emit(Hlo::DotGeneral, {lhs, rhs}, result, attrs);
 }
 
 V LoweringContext::random_bits(const Node& node, const std::vector<int64_t>& shape, int bits) {
@@ -389,23 +468,23 @@ V LoweringContext::random_bits(const Node& node, const std::vector<int64_t>& sha
   V offset = scalar(node, seed_arg + 1, DType::Int64);
   // Further draws within one op use further keys (the counter restarts at 0 for each).
   if (rng_calls_ > 0)
-    seed = binary("stablehlo.add", seed, constant_int(static_cast<int64_t>(0x632BE59BD9B4E019ull) * rng_calls_, DType::Int64));
+    seed = binary(Hlo::Add, seed, constant_int(static_cast<int64_t>(0x632BE59BD9B4E019ull) * rng_calls_, DType::Int64));
   ++rng_calls_;
   V state = concatenate({reshape(seed, {1}), reshape(offset, {1})}, 0);
   std::string state_u64 = "tensor<2xui64>";
   std::string name = fresh_name();
-  append("    " + name + " = \"stablehlo.bitcast_convert\"(" + state.name + ") : (tensor<2xi64>) -> " + state_u64 + "\n");
+  append("    " + name + " = \"" + hlo_name(Hlo::BitcastConvert) + "\"(" + state.name + ") : (tensor<2xi64>) -> " + state_u64 + "\n");
   std::string bits_type = "tensor<";
   for (int64_t d : shape) bits_type += std::to_string(d) + "x";
   bits_type += bits == 64 ? "ui64>" : "ui32>";
   std::string out = fresh_name();
-  append("    " + out + ":2 = \"stablehlo.rng_bit_generator\"(" + name +
+  append("    " + out + ":2 = \"" + hlo_name(Hlo::RngBitGenerator) + "\"(" + name +
          ") {rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>} : (" + state_u64 + ") -> (" + state_u64 + ", " +
          bits_type + ")\n");
   // Reinterpret as signed integers of the same width so the rest of the lowering uses i32/i64.
   TensorType signed_type{shape, bits == 64 ? DType::Int64 : DType::Int32};
   std::string result = fresh_name();
-  append("    " + result + " = \"stablehlo.bitcast_convert\"(" + out + "#1) : (" + bits_type + ") -> " +
+  append("    " + result + " = \"" + hlo_name(Hlo::BitcastConvert) + "\"(" + out + "#1) : (" + bits_type + ") -> " +
          signed_type.mlir() + "\n");
   return V{result, signed_type};
 }
@@ -413,22 +492,22 @@ V LoweringContext::random_bits(const Node& node, const std::vector<int64_t>& sha
 V LoweringContext::random_uniform(const Node& node, const std::vector<int64_t>& shape, DType dtype) {
   if (dtype == DType::Float64) {
     V bits = random_bits(node, shape, 64);
-    V mantissa = binary("stablehlo.shift_right_logical", bits, constant_int(12, DType::Int64, shape));
-    V one_bits = binary("stablehlo.or", mantissa, constant_int(0x3FF0000000000000ll, DType::Int64, shape));
-    V in_one_two = emit("stablehlo.bitcast_convert", {one_bits}, TensorType{shape, DType::Float64});
-    return binary("stablehlo.subtract", in_one_two, constant(1.0, DType::Float64, shape));
+    V mantissa = binary(Hlo::ShiftRightLogical, bits, constant_int(12, DType::Int64, shape));
+    V one_bits = binary(Hlo::Or, mantissa, constant_int(0x3FF0000000000000ll, DType::Int64, shape));
+    V in_one_two = emit(Hlo::BitcastConvert, {one_bits}, TensorType{shape, DType::Float64});
+    return binary(Hlo::Subtract, in_one_two, constant(1.0, DType::Float64, shape));
   }
   V bits = random_bits(node, shape, 32);
-  V mantissa = binary("stablehlo.shift_right_logical", bits, constant_int(9, DType::Int32, shape));
-  V one_bits = binary("stablehlo.or", mantissa, constant_int(0x3F800000, DType::Int32, shape));
-  V in_one_two = emit("stablehlo.bitcast_convert", {one_bits}, TensorType{shape, DType::Float32});
-  V uniform = binary("stablehlo.subtract", in_one_two, constant(1.0, DType::Float32, shape));
+  V mantissa = binary(Hlo::ShiftRightLogical, bits, constant_int(9, DType::Int32, shape));
+  V one_bits = binary(Hlo::Or, mantissa, constant_int(0x3F800000, DType::Int32, shape));
+  V in_one_two = emit(Hlo::BitcastConvert, {one_bits}, TensorType{shape, DType::Float32});
+  V uniform = binary(Hlo::Subtract, in_one_two, constant(1.0, DType::Float32, shape));
   if (dtype == DType::Float32) return uniform;
   // Rounding to a narrower type can reach 1.0; keep the result in [0, 1).
   V narrow = convert(uniform, dtype);
   double below_one = dtype == DType::BFloat16 ? 0.99609375 : 0.99951171875;
   V one = constant(1.0, dtype, shape);
-  return select(compare("GE", narrow, one), constant(below_one, dtype, shape), narrow);
+  return select(compare(Cmp::GE, narrow, one), constant(below_one, dtype, shape), narrow);
 }
 
 }  // namespace torchtpu

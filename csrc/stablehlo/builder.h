@@ -12,6 +12,27 @@
 
 namespace torchtpu {
 
+// The ops lowerings emit (StableHLO's, and CHLO's decompositions that XLA expands): one
+// enumerator per op, spelled by hlo_name from one mnemonic table, so a misspelt op is a
+// compile error instead of an XLA parse error for the whole module.
+enum class Hlo : uint8_t {
+  Abs, Add, AllGather, AllReduce, AllToAll, And, Atan2, BitcastConvert, BroadcastInDim, Ceil,
+  Cholesky, CollectivePermute, Compare, Complex, Concatenate, Constant, Convert, Convolution, Cosine,
+  CountLeadingZeros, CustomCall, Divide, DotGeneral, DynamicSlice, DynamicUpdateSlice, Exponential,
+  ExponentialMinusOne, Fft, Floor, Gather, If, Imag, Iota, IsFinite, Log, LogPlusOne, Logistic,
+  Maximum, Minimum, Multiply, Negate, Not, OptimizationBarrier, Or, Pad, Power, Real, Reduce,
+  ReducePrecision, ReduceScatter, ReduceWindow, Remainder, Reshape, Return, Reverse, RngBitGenerator,
+  RoundNearestEven, Rsqrt, Scatter, Select, ShiftLeft, ShiftRightArithmetic, ShiftRightLogical, Sign,
+  Sine, Slice, Sort, Sqrt, Subtract, Tan, Tanh, Transpose, TriangularSolve, While, Xor, ChloAcos,
+  ChloAcosh, ChloAsin, ChloAsinh, ChloAtan, ChloAtanh, ChloCosh, ChloDigamma, ChloErf, ChloErfInv,
+  ChloErfc, ChloLgamma, ChloSinh,
+};
+const char* hlo_name(Hlo op);  // Hlo::Add -> "stablehlo.add"
+
+// A comparison direction of stablehlo.compare.
+enum class Cmp : uint8_t { EQ, NE, LT, LE, GT, GE };
+const char* cmp_name(Cmp direction);  // Cmp::LT -> "LT"
+
 // An SSA value of the function being built.
 struct V {
   std::string name;
@@ -73,6 +94,11 @@ class LoweringContext {
 
   // --- emission ---------------------------------------------------------------------------
   // Emits `%r = "op"(operands) {attrs} : (types) -> result` and returns %r.
+  V emit(Hlo op, const std::vector<V>& operands, const TensorType& result, const std::string& attrs = "",
+         const std::string& regions = "");
+  std::vector<V> emit_multi(Hlo op, const std::vector<V>& operands, const std::vector<TensorType>& results,
+                            const std::string& attrs = "", const std::string& regions = "");
+  // The same for an op named by text (a custom op name; prefer Hlo).
   V emit(const std::string& op, const std::vector<V>& operands, const TensorType& result,
          const std::string& attrs = "", const std::string& regions = "");
   std::vector<V> emit_multi(const std::string& op, const std::vector<V>& operands,
@@ -111,11 +137,19 @@ class LoweringContext {
   V slice(const V& x, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
           const std::vector<int64_t>& strides);
   V concatenate(const std::vector<V>& xs, int64_t dim);
-  V unary(const char* op, const V& x);
-  V binary(const char* op, const V& a, const V& b);  // same shapes and dtypes
-  V compare(const char* direction, const V& a, const V& b);  // EQ NE LT LE GT GE
+  // Elementwise ops. Their operands must have one type (select: a bool predicate of their
+  // shape, or 0-d); a lowering that breaks this throws here, naming the op and the aten op
+  // being lowered, instead of XLA rejecting the whole module later.
+  V unary(Hlo op, const V& x);
+  V binary(Hlo op, const V& a, const V& b);
+  V compare(Cmp direction, const V& a, const V& b);
   V select(const V& pred, const V& on_true, const V& on_false);
-  // Reduces `dims` of x with a two-argument elementwise op ("stablehlo.add", "stablehlo.maximum").
+  // Reduces `dims` of x with a two-argument elementwise op (Hlo::Add, Hlo::Maximum).
+  V reduce(const V& x, const std::vector<int64_t>& dims, const V& init, Hlo op);
+  // The text-named forms of the above, for lowerings not yet converted to Hlo / Cmp.
+  V unary(const char* op, const V& x);
+  V binary(const char* op, const V& a, const V& b);
+  V compare(const char* direction, const V& a, const V& b);
   V reduce(const V& x, const std::vector<int64_t>& dims, const V& init, const char* op);
   V iota(const TensorType& type, int64_t dim);
   V dot_general(const V& lhs, const V& rhs, const std::vector<int64_t>& lhs_batch,
@@ -133,6 +167,8 @@ class LoweringContext {
 
  private:
   void append(const std::string& line) { body_ += line; }
+  // Throws unless a and b have one type (the operands of an elementwise `op`).
+  void check_same_type(const char* op, const V& a, const V& b) const;
   V complex_scalar(const Arg& a, int slot, DType dtype);  // a Complex argument: a constant (slot < 0) or lifted
 
   std::string body_;
@@ -166,7 +202,7 @@ std::string LoweringContext::region(const std::vector<TensorType>& arg_types, F 
   std::string inner;
   inner.swap(body_);
   body_.swap(saved);
-  std::string ret = "    \"stablehlo.return\"(";
+  std::string ret = std::string("    \"") + hlo_name(Hlo::Return) + "\"(";
   std::string types;
   for (size_t i = 0; i < yielded.size(); ++i) {
     ret += (i ? ", " : "") + yielded[i].name;
@@ -182,7 +218,7 @@ std::vector<V> LoweringContext::while_loop(const std::vector<V>& init, C cond, B
   for (const V& v : init) types.push_back(v.type);
   std::string cond_region = region(types, [&](const std::vector<V>& args) { return std::vector<V>{cond(args)}; });
   std::string body_region = region(types, body);
-  return emit_multi("stablehlo.while", init, types, "", cond_region + ", " + body_region);
+  return emit_multi(Hlo::While, init, types, "", cond_region + ", " + body_region);
 }
 
 }  // namespace torchtpu

@@ -284,6 +284,43 @@ std::string error_of(F&& f) {
   return "";
 }
 
+// A rule's parameter is an enumerator of its family's enum: read as another family's, it
+// throws; the properties the device layer reads are flags, and explain gets it as written.
+void test_rule_parameters_are_typed() {
+  const LoweringRule* add = find_lowering("aten::add.Tensor");
+  CHECK(add && add->param.is<Hlo>() && add->param.as<Hlo>() == Hlo::Add);
+  CHECK(std::strcmp(add->param_text, "Hlo::Add") == 0);
+  CHECK(contains(error_of([&] { add->param.as<Cmp>(); }), "parameter of another family"));
+  const LoweringRule* lt = find_lowering("aten::lt.Tensor");
+  CHECK(lt && lt->param.as<Cmp>() == Cmp::LT && std::strcmp(lt->param_text, "Cmp::LT") == 0);
+  const LoweringRule* pool = find_lowering("aten::max_pool3d_with_indices");
+  CHECK(pool && pool->param.as<int>() == 3);
+  const LoweringRule* clone = find_lowering("aten::clone");
+  CHECK(clone && clone->identity && clone->param.empty() && *clone->param_text == '\0');
+  const LoweringRule* cholesky = find_lowering("aten::cholesky");
+  CHECK(cholesky && cholesky->float32_or_float64 && !add->float32_or_float64 && !add->identity);
+  CHECK(std::strcmp(hlo_name(Hlo::Add), "stablehlo.add") == 0 && std::strcmp(hlo_name(Hlo::ChloSinh), "chlo.sinh") == 0);
+}
+
+// binary / compare / select check their operands' types at the rule, naming the op.
+void test_elementwise_operands_are_checked() {
+  LoweringContext ctx;
+  V a = ctx.parameter("%a", TensorType{{2, 3}, DType::Float32});
+  V b = ctx.parameter("%b", TensorType{{2, 3}, DType::Int32});
+  V c = ctx.parameter("%c", TensorType{{3}, DType::Float32});
+  V p = ctx.parameter("%p", TensorType{{2, 3}, DType::Bool});
+  CHECK(contains(error_of([&] { ctx.binary(Hlo::Add, a, b); }),
+                 "stablehlo.add takes operands of one type, got tensor<2x3xf32> and tensor<2x3xi32>"));
+  CHECK(contains(error_of([&] { ctx.compare(Cmp::LT, a, c); }), "stablehlo.compare takes operands of one type"));
+  CHECK(contains(error_of([&] { ctx.select(a, a, a); }), "stablehlo.select takes a bool predicate"));
+  CHECK(contains(error_of([&] { ctx.select(p, a, b); }), "stablehlo.select takes operands of one type"));
+  CHECK(ctx.body().empty());  // nothing emitted by the refused calls
+  V sum = ctx.binary(Hlo::Add, a, a);
+  ctx.compare(Cmp::GE, sum, a);
+  CHECK(contains(ctx.body(), "= \"stablehlo.add\"(%a, %a) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"));
+  CHECK(contains(ctx.body(), "comparison_direction = #stablehlo<comparison_direction GE>"));
+}
+
 // A graph that fails to compile leaves every pending value pending; the op at fault is
 // found by compiling suspects alone, its values fail with its error, the rest compute,
 // and recording it again raises at once.
@@ -693,6 +730,8 @@ int main() {
     test_platform_without_f64_lifts_f32_scalars(*rt);
     test_strict_mode_runs_each_op_at_once(*rt);
     test_wrong_output_type_is_reported(*rt);
+    test_rule_parameters_are_typed();
+    test_elementwise_operands_are_checked();
     test_shared_buffer_is_not_donated(*rt);
     test_imported_module_is_renamed_and_private();
     test_unimportable_modules_are_named();
