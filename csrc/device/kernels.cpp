@@ -195,6 +195,7 @@ void register_kernels() {
   for (const char* name : early_refusal_ops())
     autograd.impl(name, torch::CppFunction::makeFromBoxedFunction<&early_refusal_kernel>());
   register_kernel_overrides();
+  register_sparse_kernels();
 }
 
 }  // namespace torchtpu
