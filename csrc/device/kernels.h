@@ -28,8 +28,13 @@ namespace torchtpu {
 
 // ---- kernels.cpp: routing and registration --------------------------------------------
 void register_kernels();
-// sparse.cpp: sparse COO tensors on tpu (SparsePrivateUse1 kernels).
+// sparse.cpp: sparse COO tensors on tpu (SparsePrivateUse1 kernels), and functionalization of
+// a sparse tensor's parts (`_values()` and the like as views whose writes reach the tensor).
 void register_sparse_kernels();
+at::Tensor sparse_values_functionalize(const at::Tensor& self);
+at::Tensor sparse_indices_functionalize(const at::Tensor& self);
+at::Tensor coalesced_values_functionalize(const at::Tensor& self);
+at::Tensor coalesced_indices_functionalize(const at::Tensor& self);
 // The kernel of every op without a kernel of its own: lowered, composite or CPU fallback.
 void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 

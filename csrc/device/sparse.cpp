@@ -3,6 +3,7 @@
 // a dense tensor, sparse_mask, to_dense, scaling) is done by dense tpu ops; every other sparse
 // op runs on CPU through the counted fallback.
 #include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/SparseTensorImpl.h>
 #include <ATen/ops/_coalesced_native.h>
 #include <ATen/ops/_indices_native.h>
@@ -247,7 +248,48 @@ at::Tensor sparse_copy(const at::Tensor& self, const at::Tensor& src, bool) {
                      src.is_coalesced());
 }
 
+// How functionalization derives a sparse tensor's part (`_values`, `_indices`) from the sparse
+// tensor, and back: PyTorch's inverse asserts ("sparse tensors aren't supported during
+// functionalization"), so an in-place op on `grad._values()` (Adagrad's `std._values().sqrt_()`)
+// could not reach the sparse tensor. The reverse rebuilds the sparse tensor around the part.
+struct SparsePartView final : at::functionalization::ViewMeta {
+  explicit SparsePartView(bool values) : ViewMeta(/*has_symbolic_inputs=*/false), values(values) {}
+  at::Tensor forward(const at::Tensor& base) override { return values ? base._values() : base._indices(); }
+  at::Tensor reverse(const at::Tensor& base, const at::Tensor& mutated_part) override {
+    return at::native::new_with_dims_and_tensor_sparse_symint(
+        base.sparse_dim(), base.dense_dim(), base.sym_sizes(), values ? base._indices() : mutated_part,
+        values ? mutated_part : base._values(), base.scalar_type(), at::kSparse, base.device(), std::nullopt,
+        base.is_coalesced());
+  }
+  bool values;
+};
+
+at::Tensor sparse_part_functionalize(const at::Tensor& self, bool values, bool coalesced_only) {
+  if (coalesced_only)
+    TORCH_CHECK(self.is_coalesced(), "Cannot get ", values ? "values" : "indices",
+                " on an uncoalesced tensor, please call .coalesce() first");
+  if (!at::functionalization::impl::isFunctionalTensor(self)) {
+    at::AutoDispatchSkipFunctionalize skip;
+    return values ? self._values() : self._indices();
+  }
+  at::functionalization::impl::sync(self);
+  at::Tensor inner = at::functionalization::impl::from_functional_tensor(self);
+  at::Tensor part;
+  {
+    at::AutoDispatchSkipFunctionalize skip;
+    part = values ? inner._values() : inner._indices();
+  }
+  // What create_functional_tensor_with_view_meta does (PyTorch does not export it).
+  return at::detail::make_tensor<at::FunctionalTensorWrapper>(
+      part, at::functionalization::impl::unsafeGetFunctionalWrapper(self), std::make_shared<SparsePartView>(values));
+}
+
 }  // namespace
+
+at::Tensor sparse_values_functionalize(const at::Tensor& self) { return sparse_part_functionalize(self, true, false); }
+at::Tensor sparse_indices_functionalize(const at::Tensor& self) { return sparse_part_functionalize(self, false, false); }
+at::Tensor coalesced_values_functionalize(const at::Tensor& self) { return sparse_part_functionalize(self, true, true); }
+at::Tensor coalesced_indices_functionalize(const at::Tensor& self) { return sparse_part_functionalize(self, false, true); }
 
 void register_sparse_kernels() {
   static torch::Library fallback(torch::Library::IMPL, "_", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__);
