@@ -62,98 +62,6 @@ at::Tensor sparse_detach_copy(const at::Tensor& self) {
   return make_sparse(self, self._indices(), self._values(), self.is_coalesced());
 }
 
-// Duplicates summed, indices sorted (row-major over the sparse dimensions), as CPU's kernel.
-at::Tensor sparse_coalesce(const at::Tensor& self) {
-  at::Tensor indices = self._indices(), values = self._values();
-  if (self.is_coalesced() || self._nnz() < 2) return make_sparse(self, indices.clone(), values.clone(), true);
-  int64_t sparse_dim = self.sparse_dim();
-  std::vector<int64_t> strides(static_cast<size_t>(sparse_dim), 1);
-  for (int64_t d = sparse_dim - 2; d >= 0; --d) strides[d] = strides[d + 1] * self.size(d + 1);
-  at::Tensor linear = at::zeros({indices.size(1)}, indices.options());
-  for (int64_t d = 0; d < sparse_dim; ++d) linear = linear + indices.select(0, d) * strides[d];
-  auto [unique, inverse, counts] = at::_unique2(linear, /*sorted=*/true, /*return_inverse=*/true, false);
-  std::vector<int64_t> value_shape = values.sizes().vec();
-  value_shape[0] = unique.size(0);
-  at::Tensor summed = at::zeros(value_shape, values.options()).index_add(0, inverse, values);
-  std::vector<at::Tensor> rows;
-  for (int64_t d = 0; d < sparse_dim; ++d) rows.push_back(at::remainder(at::floor_divide(unique, strides[d]), self.size(d)));
-  return make_sparse(self, at::stack(rows), summed, true);
-}
-
-at::Tensor sparse_to_dense(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<bool>) {
-  at::ScalarType type = dtype.value_or(self.scalar_type());
-  at::Tensor dense = at::zeros(self.sizes(), self._values().options().dtype(type));
-  if (self._nnz() == 0) return dense;
-  return dense.index_put(index_rows(self._indices()), self._values().to(type), /*accumulate=*/true);
-}
-
-void check_same_size(const at::Tensor& self, const at::Tensor& other) {
-  TORCH_CHECK(self.sizes().equals(other.sizes()), "add: expected 'self' and 'other' to have same size, but self has size ",
-              self.sizes(), " while other has size ", other.sizes(),
-              " (FYI: dense-sparse addition does not currently support broadcasting)");
-}
-
-// dense + alpha * sparse (a dense result) or sparse + alpha * sparse (the parts side by side,
-// coalesced when both were, as CPU's result is).
-at::Tensor sparse_add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  TORCH_CHECK(!(self.is_sparse() && !other.is_sparse()), "add(sparse, dense) is not supported. Use add(dense, sparse) instead.");
-  check_same_size(self, other);
-  at::ScalarType common = at::promoteTypes(self.scalar_type(), other.scalar_type());
-  at::Tensor scaled = other._values().to(common);
-  if (!(alpha.isIntegral(true) && alpha.toLong() == 1)) scaled = scaled * alpha;
-  if (!self.is_sparse()) {
-    at::Tensor dense = self.to(common);
-    if (other._nnz() == 0) return dense.clone();
-    return dense.index_put(index_rows(other._indices()), scaled, /*accumulate=*/true);
-  }
-  TORCH_CHECK(self.sparse_dim() == other.sparse_dim() && self.dense_dim() == other.dense_dim(),
-              "add: expected 'self' and 'other' to have the same sparse and dense dimensions");
-  at::Tensor sum = make_sparse(self, at::cat({self._indices(), other._indices()}, 1),
-                               at::cat({self._values().to(common), scaled}, 0), false);
-  return self.is_coalesced() && other.is_coalesced() ? sparse_coalesce(sum) : sum;
-}
-
-// Writes `result` into `out` (a dense tpu tensor below functionalization, or a sparse one).
-at::Tensor& assign(at::Tensor& out, const at::Tensor& result) {
-  if (out.is_sparse()) {
-    TORCH_CHECK(result.is_sparse(), "add: a dense result cannot be written into a sparse tensor");
-    at::native::copy_sparse_(out, result, false);
-    return out;
-  }
-  TORCH_CHECK(at::canCast(result.scalar_type(), out.scalar_type()), "result type ", result.scalar_type(),
-              " can't be cast to the desired output type ", out.scalar_type());
-  if (!out.sizes().equals(result.sizes())) out.resize_(result.sizes());
-  out.copy_(result.is_sparse() ? sparse_to_dense(result, out.scalar_type(), std::nullopt) : result);
-  return out;
-}
-
-at::Tensor& sparse_add_(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return assign(self, sparse_add(self, other, alpha));
-}
-
-at::Tensor& sparse_add_out(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha, at::Tensor& out) {
-  return assign(out, sparse_add(self, other, alpha));
-}
-
-// `self` (dense) read at the mask's indices: CPU computes self * (the mask with ones for
-// values), so a duplicate index gets the value at each occurrence.
-at::Tensor dense_sparse_mask(const at::Tensor& self, const at::Tensor& mask) {
-  TORCH_CHECK(mask.sizes().equals(self.sizes()), "sparse_mask(): operands have incompatible sizes; self has size ",
-              self.sizes(), " but mask has size ", mask.sizes());
-  TORCH_CHECK(!self.is_sparse(), "torchtpu: sparse_mask of a sparse tensor runs through the CPU fallback");
-  at::Tensor indices = mask._indices();
-  at::Tensor values = mask._nnz() == 0 ? mask._values().to(self.scalar_type()).clone()
-                                       : at::index(self, index_rows(indices));
-  return make_sparse(mask, indices.clone(), values, mask.is_coalesced());
-}
-
-bool is_scalar_like(const at::Tensor& t) { return !t.is_sparse() && t.dim() == 0; }
-
-// A sparse tensor times or divided by a 0-d tensor (a Python number): its values scaled.
-at::Tensor scale_values(const at::Tensor& self, const at::Tensor& values) {
-  return make_sparse(self, self._indices().clone(), values, self.is_coalesced());
-}
-
 // A tpu tensor (sparse or dense) as a CPU one, and back.
 at::Tensor to_cpu(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
@@ -221,6 +129,108 @@ void sparse_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack
       v = std::move(out);
     }
   }
+}
+
+// Duplicates summed, indices sorted (row-major over the sparse dimensions), as CPU's kernel.
+at::Tensor sparse_coalesce(const at::Tensor& self) {
+  at::Tensor indices = self._indices(), values = self._values();
+  if (self.is_coalesced() || self._nnz() < 2) return make_sparse(self, indices.clone(), values.clone(), true);
+  int64_t sparse_dim = self.sparse_dim();
+  std::vector<int64_t> strides(static_cast<size_t>(sparse_dim), 1);
+  for (int64_t d = sparse_dim - 2; d >= 0; --d) strides[d] = strides[d + 1] * self.size(d + 1);
+  at::Tensor linear = at::zeros({indices.size(1)}, indices.options());
+  for (int64_t d = 0; d < sparse_dim; ++d) linear = linear + indices.select(0, d) * strides[d];
+  auto [unique, inverse, counts] = at::_unique2(linear, /*sorted=*/true, /*return_inverse=*/true, false);
+  std::vector<int64_t> value_shape = values.sizes().vec();
+  value_shape[0] = unique.size(0);
+  at::Tensor summed = at::zeros(value_shape, values.options()).index_add(0, inverse, values);
+  std::vector<at::Tensor> rows;
+  for (int64_t d = 0; d < sparse_dim; ++d) rows.push_back(at::remainder(at::floor_divide(unique, strides[d]), self.size(d)));
+  return make_sparse(self, at::stack(rows), summed, true);
+}
+
+at::Tensor sparse_to_dense(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<bool>) {
+  at::ScalarType type = dtype.value_or(self.scalar_type());
+  at::Tensor dense = at::zeros(self.sizes(), self._values().options().dtype(type));
+  if (self._nnz() == 0) return dense;
+  return dense.index_put(index_rows(self._indices()), self._values().to(type), /*accumulate=*/true);
+}
+
+void check_same_size(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.sizes().equals(other.sizes()), "add: expected 'self' and 'other' to have same size, but self has size ",
+              self.sizes(), " while other has size ", other.sizes(),
+              " (FYI: dense-sparse addition does not currently support broadcasting)");
+}
+
+// dense + alpha * sparse (a dense result) or, both coalesced, sparse + alpha * sparse (the
+// parts side by side, coalesced: CPU's merge of two coalesced tensors gives the same).
+at::Tensor sparse_add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  TORCH_CHECK(!(self.is_sparse() && !other.is_sparse()), "add(sparse, dense) is not supported. Use add(dense, sparse) instead.");
+  check_same_size(self, other);
+  at::ScalarType common = at::promoteTypes(self.scalar_type(), other.scalar_type());
+  at::Tensor scaled = other._values().to(common);
+  if (!(alpha.isIntegral(true) && alpha.toLong() == 1)) scaled = scaled * alpha;
+  if (!self.is_sparse()) {
+    at::Tensor dense = self.to(common);
+    if (other._nnz() == 0) return dense.clone();
+    return dense.index_put(index_rows(other._indices()), scaled, /*accumulate=*/true);
+  }
+  TORCH_CHECK(self.sparse_dim() == other.sparse_dim() && self.dense_dim() == other.dense_dim(),
+              "add: expected 'self' and 'other' to have the same sparse and dense dimensions");
+  TORCH_INTERNAL_ASSERT(self.is_coalesced() && other.is_coalesced(), "torchtpu: uncoalesced sparse add on tpu");
+  return sparse_coalesce(make_sparse(self, at::cat({self._indices(), other._indices()}, 1),
+                                     at::cat({self._values().to(common), scaled}, 0), false));
+}
+
+// Writes `result` into `out` (a dense tpu tensor below functionalization, or a sparse one).
+at::Tensor& assign(at::Tensor& out, const at::Tensor& result) {
+  if (out.is_sparse()) {
+    TORCH_CHECK(result.is_sparse(), "add: a dense result cannot be written into a sparse tensor");
+    at::native::copy_sparse_(out, result, false);
+    return out;
+  }
+  TORCH_CHECK(at::canCast(result.scalar_type(), out.scalar_type()), "result type ", result.scalar_type(),
+              " can't be cast to the desired output type ", out.scalar_type());
+  if (!out.sizes().equals(result.sizes())) out.resize_(result.sizes());
+  out.copy_(result.is_sparse() ? sparse_to_dense(result, out.scalar_type(), std::nullopt) : result);
+  return out;
+}
+
+// add, add_ and add.out (self, other, alpha[, out]). CPU adds two sparse tensors that are not
+// both coalesced by a merge that keeps their order (duplicates stay where the inputs had them):
+// that layout comes from CPU's kernel itself, through the counted fallback.
+void sparse_add_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t n = op.schema().arguments().size();
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
+  at::Tensor self = args[0].toTensor(), other = args[1].toTensor();
+  at::Scalar alpha = args[2].toScalar();
+  if (self.is_sparse() && other.is_sparse() && !(self.is_coalesced() && other.is_coalesced()))
+    return sparse_cpu_fallback(op, stack);
+  at::Tensor result = sparse_add(self, other, alpha);
+  bool in_place = op.schema().name() == "aten::add_";
+  at::Tensor out = n == 4 ? args[3].toTensor() : self;
+  torch::jit::drop(*stack, n);
+  if (in_place || n == 4) stack->emplace_back(assign(out, result));
+  else stack->emplace_back(std::move(result));
+}
+
+// `self` (dense) read at the mask's indices: CPU computes self * (the mask with ones for
+// values), so a duplicate index gets the value at each occurrence.
+at::Tensor dense_sparse_mask(const at::Tensor& self, const at::Tensor& mask) {
+  TORCH_CHECK(mask.sizes().equals(self.sizes()), "sparse_mask(): operands have incompatible sizes; self has size ",
+              self.sizes(), " but mask has size ", mask.sizes());
+  TORCH_CHECK(!self.is_sparse(), "torchtpu: sparse_mask of a sparse tensor runs through the CPU fallback");
+  at::Tensor indices = mask._indices();
+  at::Tensor values = mask._nnz() == 0 ? mask._values().to(self.scalar_type()).clone()
+                                       : at::index(self, index_rows(indices));
+  return make_sparse(mask, indices.clone(), values, mask.is_coalesced());
+}
+
+bool is_scalar_like(const at::Tensor& t) { return !t.is_sparse() && t.dim() == 0; }
+
+// A sparse tensor times or divided by a 0-d tensor (a Python number): its values scaled.
+at::Tensor scale_values(const at::Tensor& self, const at::Tensor& values) {
+  return make_sparse(self, self._indices().clone(), values, self.is_coalesced());
 }
 
 void sparse_mul(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -324,9 +334,8 @@ void register_sparse_kernels() {
   // The math, by dense tpu ops.
   sparse.impl("_coalesce", TORCH_FN(sparse_coalesce));
   sparse.impl("_to_dense", TORCH_FN(sparse_to_dense));
-  sparse.impl("add.Tensor", TORCH_FN(sparse_add));
-  sparse.impl("add_.Tensor", TORCH_FN(sparse_add_));
-  sparse.impl("add.out", TORCH_FN(sparse_add_out));
+  for (const char* name : {"add.Tensor", "add_.Tensor", "add.out"})
+    sparse.impl(name, torch::CppFunction::makeFromBoxedFunction<&sparse_add_boxed>());
   sparse.impl("sparse_mask", TORCH_FN(dense_sparse_mask));
   sparse.impl("neg", TORCH_FN(sparse_neg));
   sparse.impl("mul.Tensor", torch::CppFunction::makeFromBoxedFunction<&sparse_mul>());
