@@ -586,7 +586,7 @@ def test_memory_fraction_is_checked_like_cuda():
 
 @pytest.mark.parametrize("mode", ["strict", "fused"], indirect=True)
 def test_a_failed_compile_raises_and_the_engine_stays_usable(mode):
-    x = torch.randn(7, 13)
+    x = torch.randn(7, 1013)
     xt = x.to("tpu")
     torchtpu.sync(wait=True)
     _C._corrupt_next_compile()  # XLA gets an invalid module for the next graph it compiles
