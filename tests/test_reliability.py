@@ -584,7 +584,7 @@ def test_memory_fraction_is_checked_like_cuda():
 # ---- compiles the runtime refuses; the executable cache's bound -------------------------
 
 
-@pytest.mark.parametrize("mode", ["strict", "fused"], indirect=True)
+@pytest.mark.modes("strict", "fused")
 def test_a_failed_compile_raises_and_the_engine_stays_usable(mode):
     x = torch.randn(7, 1013)
     xt = x.to("tpu")
