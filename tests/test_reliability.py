@@ -590,3 +590,45 @@ def test_memory_fraction_is_checked_like_cuda():
         torch.tpu.set_per_process_memory_fraction(1)
     with pytest.raises(ValueError, match="Allowed range: 0~1"):
         torch.tpu.set_per_process_memory_fraction(1.5)
+
+
+# ---- compiles the runtime refuses; the executable cache's bound -------------------------
+
+
+@pytest.mark.modes("strict", "fused")
+def test_a_failed_compile_raises_and_the_engine_stays_usable(mode):
+    x = torch.randn(7, 1013)
+    xt = x.to("tpu")
+    torchtpu.sync(wait=True)
+    _C._corrupt_next_compile()  # XLA gets an invalid module for the next graph it compiles
+    with pytest.raises(RuntimeError, match=r"XLA could not compile graph .*\(\d+ ops"):
+        (xt.exp() * 3 - 1).cpu()
+    # The same work, and new work, compile and compute afterwards.
+    torch.testing.assert_close((xt.exp() * 3 - 1).cpu(), x.exp() * 3 - 1)
+    torch.testing.assert_close((xt + 2).sum().cpu(), (x + 2).sum())
+
+
+def test_the_executable_cache_keeps_the_most_recently_used():
+    previous = _C.executable_cache_size()
+    _C.set_executable_cache_size(4)
+    try:
+        with torchtpu.mode("strict"):
+            before = torchtpu.metrics.counters()["executables_evicted"]
+            x = torch.randn(3, 11)
+            # Six graphs of distinct shapes: two are dropped; the last four hit the cache.
+            tensors = [torch.randn(3, 20 + i, device="tpu") for i in range(6)]
+            torchtpu.sync(wait=True)
+            for t in tensors:
+                (t.cos() + 1).cpu()
+            assert torchtpu.metrics.counters()["executables_evicted"] - before >= 2
+            hits = torchtpu.metrics.counters()["cache_hits_memory"]
+            (tensors[-1].cos() + 1).cpu()
+            assert torchtpu.metrics.counters()["cache_hits_memory"] > hits
+            # An evicted graph runs again (from the disk cache or a new compile), correctly.
+            torch.testing.assert_close((x.to("tpu").cos() + 1).cpu(), x.cos() + 1)
+            torch.testing.assert_close((tensors[0].cos() + 1).cpu(), tensors[0].cpu().cos() + 1)
+    finally:
+        _C.set_executable_cache_size(previous)
+    with pytest.raises(ValueError, match="TORCHTPU_EXECUTABLE_CACHE_SIZE"):
+        torchtpu._settings.read({"TORCHTPU_EXECUTABLE_CACHE_SIZE": "0"})
+    assert torchtpu._settings.read({"TORCHTPU_EXECUTABLE_CACHE_SIZE": "64"}).executable_cache_size == 64

@@ -40,6 +40,8 @@ def _initialize():
     _C.set_dump_dir(settings.dump_dir)
     if settings.max_pending_ops is not None:
         _C.set_max_pending_ops(settings.max_pending_ops)
+    if settings.executable_cache_size is not None:
+        _C.set_executable_cache_size(settings.executable_cache_size)
     _C.set_mode(settings.mode)
     if settings.explain:
         _C.explain_print(list(settings.explain))

@@ -9,6 +9,9 @@ starts: a bad value is a ValueError that names the variable and the values it ac
     TORCHTPU_FALLBACK        warn (default) | error | silent
     TORCHTPU_NUM_DEVICES     devices of the cpu platform, a positive integer (default 1)
     TORCHTPU_MAX_PENDING_OPS ops a fused graph holds before it runs, a positive integer
+    TORCHTPU_EXECUTABLE_CACHE_SIZE  compiled graphs kept in memory, a positive integer (default
+                             1024; the least recently used is dropped, and found again in the
+                             disk cache or recompiled when it comes back)
     TORCHTPU_BUCKETS         pow2 (default) | off | increasing sizes "64,128,256"
     TORCHTPU_CACHE_DIR       a directory (created if missing; default ~/.cache/torchtpu;
                              empty: no disk cache)
@@ -40,6 +43,7 @@ class Settings:
     fallback: str
     num_devices: int
     max_pending_ops: int | None  # None = the engine's default
+    executable_cache_size: int | None  # None = the engine's default
     cache_dir: str             # "" = no disk cache
     dump_dir: str              # "" = no dumps
     explain: tuple[str, ...] = ()  # ops TORCHTPU_EXPLAIN names ("all" for every op)
@@ -60,6 +64,7 @@ def read(environ=os.environ) -> Settings:
         fallback=_choice(environ, "TORCHTPU_FALLBACK", FALLBACKS, "warn"),
         num_devices=_positive(environ, "TORCHTPU_NUM_DEVICES") or 1,
         max_pending_ops=_positive(environ, "TORCHTPU_MAX_PENDING_OPS"),
+        executable_cache_size=_positive(environ, "TORCHTPU_EXECUTABLE_CACHE_SIZE"),
         cache_dir=_directory("TORCHTPU_CACHE_DIR", cache_dir, "to an empty string for no disk cache"),
         dump_dir=_directory("TORCHTPU_DUMP_DIR", environ.get("TORCHTPU_DUMP_DIR", ""), "unset it for no dumps"),
         explain=explain_ops(environ.get("TORCHTPU_EXPLAIN", "")),

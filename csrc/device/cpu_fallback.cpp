@@ -97,7 +97,7 @@ void run_on_cpu(const c10::OperatorHandle& op, const std::string& name, torch::j
 
 }  // namespace
 
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+std::string admit_fallback(const c10::OperatorHandle& op) {
   std::string name = fallback_name(op);
   if (explaining())
     report_route(op_name(op), g_fallback_policy == 1 ? "no lowering: refused (TORCHTPU_FALLBACK=error)"
@@ -105,6 +105,11 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                  "counted in metrics fallback_ops");
   check_fallback_allowed(name);
   announce_fallback(name);
+  return name;
+}
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::string name = admit_fallback(op);
   run_on_cpu(op, name, stack);
 }
 

@@ -93,6 +93,11 @@ void register_kernel_overrides() {
                                    OverrideKind::Adds);
   for (const char* name : {"_pack_padded_sequence", "_pad_packed_sequence"})
     packed_sequences.impl(name, torch::CppFunction::makeFromBoxedFunction<&host_results_stay_plain_functionalize>());
+  KernelOverride("functionalize sparse parts", "aten", DispatchKey::Functionalize, OverrideKind::Replaces)
+      .impl("_values", torch::CppFunction(TORCH_FN(sparse_values_functionalize)))
+      .impl("_indices", torch::CppFunction(TORCH_FN(sparse_indices_functionalize)))
+      .impl("values", torch::CppFunction(TORCH_FN(coalesced_values_functionalize)))
+      .impl("indices", torch::CppFunction(TORCH_FN(coalesced_indices_functionalize)));
   KernelOverride("meta fused LSTM cell", "aten", DispatchKey::Meta, OverrideKind::Replaces)
       .impl("_thnn_fused_lstm_cell", torch::CppFunction(TORCH_FN(fused_lstm_cell_meta)));
   KernelOverride("meta fused GRU cell", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
@@ -217,6 +222,7 @@ void register_kernels() {
   for (const char* name : early_refusal_ops())
     autograd.impl(name, torch::CppFunction::makeFromBoxedFunction<&early_refusal_kernel>());
   register_kernel_overrides();
+  register_sparse_kernels();
 }
 
 }  // namespace torchtpu

@@ -28,6 +28,13 @@ namespace torchtpu {
 
 // ---- kernels.cpp: routing and registration --------------------------------------------
 void register_kernels();
+// sparse.cpp: sparse COO tensors on tpu (SparsePrivateUse1 kernels), and functionalization of
+// a sparse tensor's parts (`_values()` and the like as views whose writes reach the tensor).
+void register_sparse_kernels();
+at::Tensor sparse_values_functionalize(const at::Tensor& self);
+at::Tensor sparse_indices_functionalize(const at::Tensor& self);
+at::Tensor coalesced_values_functionalize(const at::Tensor& self);
+at::Tensor coalesced_indices_functionalize(const at::Tensor& self);
 // The kernel of every op without a kernel of its own: lowered, composite or CPU fallback.
 void tpu_boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
@@ -100,6 +107,9 @@ bool decompose_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // ---- cpu_fallback.cpp -------------------------------------------------------------------
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The policy, warning and count of a fallback (what cpu_fallback does before running the op);
+// returns the name the op is counted under. Raises under TORCHTPU_FALLBACK=error.
+std::string admit_fallback(const c10::OperatorHandle& op);
 // A call torchtpu declines although the op has a lowering: a dtype PyTorch refuses, arguments
 // the meta kernel rejects, or what the lowering does not cover (complex values, a dtype tpu
 // lacks, no meta kernel, a data-dependent shape). CPU's kernel decides: when it raises, that

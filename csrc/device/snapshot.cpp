@@ -13,6 +13,11 @@ ValueSnapshot take_snapshot(const std::vector<at::Tensor>& tensors) {
   bool weak = Engine::get().mode() == Mode::Fused;
   for (const at::Tensor& t : tensors) {
     if (!is_tpu(t)) continue;
+    if (t.is_sparse()) {
+      s.sparse_tensors.push_back(t);
+      s.sparse_inners.push_back(unwrap(t));
+      continue;
+    }
     ValuePtr v = value_of(t, t.device().index());
     s.tensors.push_back(t);
     if (weak) s.weak.push_back(v);
@@ -41,6 +46,13 @@ size_t restore_snapshot(const ValueSnapshot& s) {
     } else {
       store_value(t, v);
     }
+  }
+  for (size_t i = 0; i < s.sparse_tensors.size(); ++i) {
+    const at::Tensor& t = s.sparse_tensors[i];
+    if (!at::functionalization::impl::isFunctionalTensor(t) || unwrap(t).is_same(s.sparse_inners[i])) continue;
+    at::functionalization::impl::replace_(t, s.sparse_inners[i]);
+    at::functionalization::impl::commit_update(t);
+    at::functionalization::impl::sync(t);
   }
   return lost;
 }

@@ -19,6 +19,10 @@ struct ValueSnapshot {
   // pending nodes hold them; once it has, nothing is left to undo.
   std::vector<std::weak_ptr<Value>> weak;
   std::vector<ValuePtr> strong;  // strict and debug modes: each op has already run
+  // Sparse tensors (a SparseAdam or momentum state): the inner sparse tensor their wrapper held,
+  // kept whole (its indices and values are immutable tpu values).
+  std::vector<at::Tensor> sparse_tensors;
+  std::vector<at::Tensor> sparse_inners;
 };
 
 ValueSnapshot take_snapshot(const std::vector<at::Tensor>& tensors);

@@ -45,7 +45,7 @@ Engine::CaptureRun Engine::run_for_capture(const std::vector<ValuePtr>& roots, i
       random_nodes.emplace_back(n, graph.nodes[n]->args.size() - 2);
   }
   run_graph(graph);
-  run.executable = memory_cache_.at(graph.hash)->executable;
+  run.executable = memory_cache_.at(graph.hash).compiled->executable;
   run.checks = graph.check_entries;
   run.graph_hash = graph.hash;
   run.params = graph.params;

@@ -83,8 +83,26 @@ void Engine::remove_blob(const std::string& kind, const std::string& key_text) {
 void Engine::clear_memory_cache() {
   EngineLock lock;
   memory_cache_.clear();
+  memory_cache_recency_.clear();
   last_signature_by_origin_.clear();
   buckets_ = std::make_shared<BucketState>();
+}
+
+void Engine::set_executable_cache_size(size_t n) {
+  EngineLock lock;
+  if (n == 0) throw std::invalid_argument("torchtpu: the executable cache holds at least one executable");
+  memory_cache_capacity_ = n;
+  evict_executables();
+}
+
+// Launches in flight and torch.compile replays hold their executable themselves: dropping
+// the cache's reference frees it once they are done.
+void Engine::evict_executables() {
+  while (memory_cache_.size() > memory_cache_capacity_) {
+    memory_cache_.erase(memory_cache_recency_.back());
+    memory_cache_recency_.pop_back();
+    metrics_.executables_evicted++;
+  }
 }
 
 Engine::CompiledPtr Engine::find_or_compile(Graph& g) {
@@ -92,10 +110,13 @@ Engine::CompiledPtr Engine::find_or_compile(Graph& g) {
   if (cached != memory_cache_.end()) {
     TraceSpan span([&] { return compile_event(g, "memory", hooks_); });
     metrics_.cache_hits_memory++;
-    return cached->second;
+    memory_cache_recency_.splice(memory_cache_recency_.begin(), memory_cache_recency_, cached->second.recency);
+    return cached->second.compiled;
   }
   CompiledPtr compiled = compile_graph(g);
-  memory_cache_[g.hash] = compiled;
+  memory_cache_recency_.push_front(g.hash);
+  memory_cache_[g.hash] = CachedExecutable{compiled, memory_cache_recency_.begin()};
+  evict_executables();
   return compiled;
 }
 
@@ -123,7 +144,24 @@ Engine::CompiledPtr Engine::compile_graph(Graph& g) {
   if (g.origin.empty() && hooks_.python_origin) g.origin = hooks_.python_origin();
   TraceSpan span([&] { return compile_event(g, "compiled", hooks_); });
   auto start = std::chrono::steady_clock::now();
-  ExecutablePtr exe = rt.compile(text, options);
+  ExecutablePtr exe;
+  try {
+    if (corrupt_next_compile_) {
+      corrupt_next_compile_ = false;
+      exe = rt.compile(text + "\n} this line is not StableHLO {\n", options);
+    } else {
+      exe = rt.compile(text, options);
+    }
+  } catch (const DeviceOutOfMemory&) {
+    throw;
+  } catch (const std::exception& error) {
+    rethrow_if_interrupt();
+    // The runtime's words, with which graph it was: the flush then looks for the op to blame
+    // (explain_failure) and leaves the graph pending, so the engine stays usable.
+    throw std::runtime_error("torchtpu: XLA could not compile graph " + graph_name(g.hash) + " (" +
+                             std::to_string(g.nodes.size()) + " ops" +
+                             (g.origin.empty() ? std::string() : ", started at " + g.origin) + "): " + error.what());
+  }
   metrics_.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   metrics_.graphs_compiled++;
   note_recompilation(g, std::move(signature));

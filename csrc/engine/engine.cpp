@@ -83,6 +83,7 @@ void Engine::reset_metrics() {
   metrics_.downloads = 0;
   metrics_.recompilations = 0;
   metrics_.donated_buffers = 0;
+  metrics_.executables_evicted = 0;
   metrics_.compile_seconds = 0;
   metrics_.fallback_ops.clear();
   metrics_.recompilation_log.clear();

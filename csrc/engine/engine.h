@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <functional>
+#include <list>
 #include <map>
 #include <mutex>
 #include <string>
@@ -46,6 +47,7 @@ struct Metrics {
   std::atomic<int64_t> downloads{0};  // copies to the host: each waits for the device (a host sync)
   std::atomic<int64_t> recompilations{0};
   std::atomic<int64_t> donated_buffers{0};
+  std::atomic<int64_t> executables_evicted{0};  // dropped from the memory cache (its size limit)
   double compile_seconds = 0.0;
   std::map<std::string, int64_t> fallback_ops;
   std::vector<Recompilation> recompilation_log;
@@ -116,6 +118,15 @@ class Engine {
   void remove_blob(const std::string& kind, const std::string& key_text);
   void set_dump_dir(const std::string& dir) { dump_dir_ = dir; }
   void set_max_pending_ops(int64_t n) { max_pending_ops_ = n; }
+  // At most this many executables stay in the memory cache; the least recently used goes
+  // first (TORCHTPU_EXECUTABLE_CACHE_SIZE). Each holds the compiler's JIT code and its
+  // mappings: unbounded, a process that compiles thousands of distinct graphs runs out of
+  // them (XLA CPU: ~1 MB and 24 mappings per small graph).
+  void set_executable_cache_size(size_t n);
+  size_t executable_cache_size() const { return memory_cache_capacity_; }
+  // Tests: the next XLA compile is given a module that is not valid StableHLO, so the path of
+  // a compile the runtime refuses can be exercised on demand.
+  void corrupt_next_compile() { corrupt_next_compile_ = true; }
   // The share of a device's memory torchtpu may fill (torch.tpu.set_per_process_memory_fraction):
   // an op whose result, or a graph whose results and working space, would not fit raises
   // DeviceOutOfMemory before anything runs.
@@ -289,7 +300,15 @@ class Engine {
   int64_t pending_ops_ = 0;
   std::string pending_origin_;
   int64_t max_pending_ops_ = 10000;
-  std::unordered_map<uint64_t, CompiledPtr> memory_cache_;
+  struct CachedExecutable {
+    CompiledPtr compiled;
+    std::list<uint64_t>::iterator recency;  // its place in memory_cache_recency_
+  };
+  std::unordered_map<uint64_t, CachedExecutable> memory_cache_;
+  std::list<uint64_t> memory_cache_recency_;  // graph hashes, most recently used first
+  size_t memory_cache_capacity_ = 1024;
+  bool corrupt_next_compile_ = false;
+  void evict_executables();
   std::map<std::string, std::vector<std::string>> last_signature_by_origin_;
   std::vector<std::weak_ptr<DeviceBuffer>> last_results_;  // weak: must not block donation
   DiskCache disk_cache_;

@@ -128,6 +128,7 @@ py::dict counters() {
   d["graphs_compiled"] = m.graphs_compiled.load();
   d["cache_hits_memory"] = m.cache_hits_memory.load();
   d["cache_hits_disk"] = m.cache_hits_disk.load();
+  d["executables_evicted"] = m.executables_evicted.load();
   d["compile_seconds"] = m.compile_seconds;
   d["execute_count"] = m.execute_count.load();
   d["bytes_to_device"] = m.bytes_to_device.load();
@@ -306,6 +307,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("cache_remove", [](const std::string& kind, const std::string& key) { Engine::get().remove_blob(kind, key); },
         py::call_guard<py::gil_scoped_release>());
   m.def("set_dump_dir", [](const std::string& dir) { Engine::get().set_dump_dir(dir); });
+  m.def("set_executable_cache_size", [](int64_t n) { Engine::get().set_executable_cache_size(static_cast<size_t>(n)); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_corrupt_next_compile", [] { Engine::get().corrupt_next_compile(); });
+  m.def("executable_cache_size", [] { return Engine::get().executable_cache_size(); });
   m.def("set_max_pending_ops", [](int64_t n) { Engine::get().set_max_pending_ops(n); });
   m.def("set_memory_fraction", [](int device, double fraction) {
     translate_errors([&] { Engine::get().set_memory_fraction(device, fraction); });
