@@ -3,7 +3,9 @@
 // family. Each runs in two device stages (lowering/data_dependent.cpp): a count, read back
 // once (one 8-byte download, which flushes the pending graph that produces it), then the
 // result at that size, an ordinary node that joins the pending graph in fused mode. The
-// data never travels to the host. Also equal, whose bool result is the one value read back.
+// data never travels to the host. Also equal, whose bool result is the one value read back,
+// and the CTC loss with lengths given as tensors, whose lengths are read back (CUDA's
+// kernels read them to the host too; log_alpha's shape depends on the longest target).
 #include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
 
@@ -257,6 +259,30 @@ bool equal(const c10::OperatorHandle&, const LoweringRule*, torch::jit::Stack* s
   return true;
 }
 
+// A lengths tensor of _ctc_loss.Tensor / _ctc_loss_backward.Tensor as numbers, as CPU's and
+// CUDA's kernels read it (integral dtypes only).
+std::vector<int64_t> host_lengths(const at::Tensor& lengths, const char* name) {
+  TORCH_CHECK(at::isIntegralType(lengths.scalar_type(), /*includeBool=*/false), name, " must be integral");
+  at::Tensor host = is_tpu(lengths) ? download(value_of(lengths, lengths.device().index())) : lengths;
+  host = host.to(at::kLong).contiguous();
+  return std::vector<int64_t>(host.const_data_ptr<int64_t>(), host.const_data_ptr<int64_t>() + host.numel());
+}
+
+// _ctc_loss.Tensor(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity) and
+// _ctc_loss_backward.Tensor(grad, log_probs, targets, input_lengths, target_lengths, ...): the
+// lengths are read back, then the int-lengths overload records as usual.
+bool ctc_loss_with_tensor_lengths(const c10::OperatorHandle& op, const LoweringRule*, torch::jit::Stack* stack) {
+  size_t n = op.schema().arguments().size();
+  auto arg = [&](size_t i) -> c10::IValue& { return (*stack)[stack->size() - n + i]; };
+  const std::string& base = op.operator_name().name;
+  size_t lengths = base == "aten::_ctc_loss_backward" ? 3 : 2;
+  if (!arg(lengths).isTensor() || !arg(lengths + 1).isTensor()) return false;
+  arg(lengths) = c10::IValue(host_lengths(arg(lengths).toTensor(), "input_lengths"));
+  arg(lengths + 1) = c10::IValue(host_lengths(arg(lengths + 1).toTensor(), "target_lengths"));
+  c10::Dispatcher::singleton().findSchemaOrThrow(base.c_str(), "").callBoxed(stack);
+  return true;
+}
+
 using Handler = bool (*)(const c10::OperatorHandle&, const LoweringRule*, torch::jit::Stack*);
 
 const std::unordered_map<std::string, Handler>& handlers() {
@@ -274,6 +300,8 @@ const std::unordered_map<std::string, Handler>& handlers() {
       {"aten::unique_dim", unique},
       {"aten::unique_consecutive", unique},
       {"aten::unique_dim_consecutive", unique},
+      {"aten::_ctc_loss.Tensor", ctc_loss_with_tensor_lengths},
+      {"aten::_ctc_loss_backward.Tensor", ctc_loss_with_tensor_lengths},
   };
   return table;
 }

@@ -7,7 +7,8 @@
 //    generated wrapper (c10::impl::check_and_update_common_device);
 //  - TensorIterator ops (elementwise): one device, except that a 0-dim CPU tensor input
 //    is taken as a scalar;
-//  - advanced indexing: the indices may be on CPU whatever the indexed tensor's device.
+//  - advanced indexing: the indices may be on CPU whatever the indexed tensor's device;
+//  - the CTC loss: its lengths may be on CPU (its kernels read them on the host).
 // A few ops move data between devices by design (the copy family) and are not checked.
 #include <ATen/core/op_registration/adaption.h>
 
@@ -19,7 +20,7 @@
 namespace torchtpu {
 namespace {
 
-enum class DeviceRule { SameDevice, CpuScalarInputs, CpuScalarArgument, HostIndices, Unchecked };
+enum class DeviceRule { SameDevice, CpuScalarInputs, CpuScalarArgument, HostIndices, HostLengths, Unchecked };
 
 // Ops whose CUDA kernels take a 0-dim CPU tensor as a scalar in one argument only (fill_'s
 // and masked_fill's value, a fused optimizer's learning rate), not in others (masked_fill's
@@ -58,6 +59,12 @@ bool indexes_with_host_indices(const std::string& name) {
   return ops.count(name) > 0;
 }
 
+// The CTC loss with lengths as tensors: CUDA's kernels read the lengths on the host, from
+// CPU or from the device.
+bool reads_lengths_on_host(const std::string& name) {
+  return name == "aten::_ctc_loss.Tensor" || name == "aten::_ctc_loss_backward.Tensor";
+}
+
 // Ops whose job is to move data between devices.
 bool moves_between_devices(const std::string& name) {
   static const std::unordered_set<std::string> ops = {
@@ -69,6 +76,7 @@ bool moves_between_devices(const std::string& name) {
 DeviceRule rule_for(const c10::OperatorHandle& op, const std::string& name) {
   if (moves_between_devices(name)) return DeviceRule::Unchecked;
   if (indexes_with_host_indices(name)) return DeviceRule::HostIndices;
+  if (reads_lengths_on_host(name)) return DeviceRule::HostLengths;
   if (cpu_scalar_argument(name)) return DeviceRule::CpuScalarArgument;
   // foreach ops take CUDA's slow path on mixed devices: the elementwise op per tensor.
   if ((op.hasTag(at::Tag::pointwise) && !pointwise_checked_strictly(name)) || name.rfind("aten::_foreach_", 0) == 0)
@@ -163,6 +171,17 @@ void check_indexing(const std::vector<c10::IValue>& args, const std::vector<Tens
   check_elementwise(others);
 }
 
+// One device for every tensor but the lengths (which may be on CPU).
+void check_host_lengths(const c10::OperatorHandle& op, const std::vector<TensorArg>& tensors) {
+  std::vector<TensorArg> others;
+  for (const TensorArg& t : tensors) {
+    const std::string& name = t.argument->name();
+    if ((name == "input_lengths" || name == "target_lengths") && t.tensor->is_cpu()) continue;
+    others.push_back(t);
+  }
+  check_same_device(op, others);
+}
+
 }  // namespace
 
 void check_op_devices(const c10::OperatorHandle& op, const std::string& name, const std::vector<c10::IValue>& args) {
@@ -198,6 +217,7 @@ void check_op_devices(const c10::OperatorHandle& op, const std::string& name, co
     case DeviceRule::CpuScalarInputs: check_elementwise(tensors); break;
     case DeviceRule::CpuScalarArgument: check_elementwise(tensors, cpu_scalar_argument(name)); break;
     case DeviceRule::HostIndices: check_indexing(args, tensors); break;
+    case DeviceRule::HostLengths: check_host_lengths(op, tensors); break;
     case DeviceRule::Unchecked: break;
   }
 }

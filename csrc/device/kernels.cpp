@@ -103,6 +103,9 @@ void register_kernel_overrides() {
   KernelOverride("meta margin loss backward", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
       .impl("multi_margin_loss_backward", torch::CppFunction(TORCH_FN(multi_margin_loss_backward_meta)))
       .impl("multilabel_margin_loss_backward", torch::CppFunction(TORCH_FN(multilabel_margin_loss_backward_meta)));
+  KernelOverride("meta fractional max pool 3d and CTC backward", "aten", DispatchKey::Meta, OverrideKind::AddsOrReplaces)
+      .impl("fractional_max_pool3d_backward", torch::CppFunction(TORCH_FN(fractional_max_pool3d_backward_meta)))
+      .impl("_ctc_loss_backward", torch::CppFunction(TORCH_FN(ctc_loss_backward_meta)));
 }
 
 }  // namespace

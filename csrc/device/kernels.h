@@ -158,6 +158,13 @@ std::tuple<at::Tensor, at::Tensor> multilabel_margin_loss_forward_meta(const at:
                                                                       int64_t reduction);
 at::Tensor multilabel_margin_loss_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
                                                const at::Tensor& target, int64_t reduction, const at::Tensor& is_target);
+at::Tensor fractional_max_pool3d_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
+                                               at::IntArrayRef kernel_size, at::IntArrayRef output_size,
+                                               const at::Tensor& indices);
+at::Tensor ctc_loss_backward_meta(const at::Tensor& grad, const at::Tensor& log_probs, const at::Tensor& targets,
+                                  at::IntArrayRef input_lengths, at::IntArrayRef target_lengths,
+                                  const at::Tensor& neg_log_likelihood, const at::Tensor& log_alpha, int64_t blank,
+                                  bool zero_infinity);
 void batch_norm_empty_stats_in_eval(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor tpu_lift_fresh(const at::Tensor& self);
 void record_stream_functionalize(at::Tensor& self, c10::Stream stream);

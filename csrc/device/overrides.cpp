@@ -359,4 +359,20 @@ at::Tensor multilabel_margin_loss_backward_meta(const at::Tensor& grad_output, c
   return at::empty_like(self);
 }
 
+// fractional_max_pool3d's gradient has its input's shape and dtype (PyTorch has a Meta kernel
+// for the 2-d pool's backward, none for the 3-d one's).
+at::Tensor fractional_max_pool3d_backward_meta(const at::Tensor& grad_output, const at::Tensor& self,
+                                               at::IntArrayRef kernel_size, at::IntArrayRef output_size,
+                                               const at::Tensor& indices) {
+  return at::empty_like(self);
+}
+
+// _ctc_loss_backward's gradient has log_probs' shape and dtype (no Meta kernel in PyTorch).
+at::Tensor ctc_loss_backward_meta(const at::Tensor& grad, const at::Tensor& log_probs, const at::Tensor& targets,
+                                  at::IntArrayRef input_lengths, at::IntArrayRef target_lengths,
+                                  const at::Tensor& neg_log_likelihood, const at::Tensor& log_alpha, int64_t blank,
+                                  bool zero_infinity) {
+  return at::empty_like(log_probs);
+}
+
 }  // namespace torchtpu

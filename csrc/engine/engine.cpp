@@ -436,9 +436,14 @@ std::vector<BufferPtr> Engine::launch(Executable& exe, const std::vector<BufferP
                        {"results", static_cast<int64_t>(result_types.size())},
                        {"device", static_cast<int64_t>(device)}}};
   });
-  std::vector<TensorType> types = result_types;
-  if (!checks.empty()) types.push_back(TensorType{{static_cast<int64_t>(checks.size() * 2)}, DType::Int64});
-  std::vector<BufferPtr> results = runtime().execute(exe, args, types, device);
+  std::vector<BufferPtr> results;
+  if (checks.empty()) {
+    results = runtime().execute(exe, args, result_types, device);
+  } else {
+    std::vector<TensorType> types = result_types;
+    types.push_back(TensorType{{static_cast<int64_t>(checks.size() * 2)}, DType::Int64});
+    results = runtime().execute(exe, args, types, device);
+  }
   metrics_.execute_count++;
   last_results_.assign(results.begin(), results.end());
   if (!checks.empty()) {

@@ -1,8 +1,6 @@
 // Assembling an Engine::Graph: its nodes in order, its parameters and their layouts.
 #include "engine/engine.h"
 
-#include <unordered_set>
-
 #include "engine/graph_plan.h"
 
 namespace torchtpu {
@@ -44,7 +42,7 @@ Engine::Graph side_by_side(const std::vector<Node*>& nodes, int device, MeshPtr 
 
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
   std::vector<std::pair<Node*, size_t>> stack;
-  std::unordered_set<const Node*> visiting;
+  PointerIndex<Node> visiting;  // pushed on the stack, not yet ordered
   for (const ValuePtr& root : roots) {
     if (!root->pending()) {  // an exported graph may return an argument as is
       if (!g->param_index.count(root.get())) {
@@ -55,8 +53,10 @@ void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
     }
     Node* start = root->node.get();
     if (g->node_index.count(start) || visiting.count(start)) continue;
+    // A strict-mode graph is this node alone: its operands are all its parameters.
+    if (g->params.empty()) g->params.reserve(start->operands.size());
     stack.emplace_back(start, 0);
-    visiting.insert(start);
+    visiting.emplace(start, 0);
     while (!stack.empty()) {
       auto& [node, next] = stack.back();
       if (next < node->operands.size()) {
@@ -64,7 +64,7 @@ void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {
         if (operand->pending()) {
           Node* child = operand->node.get();
           if (!g->node_index.count(child) && !visiting.count(child)) {
-            visiting.insert(child);
+            visiting.emplace(child, 0);
             stack.emplace_back(child, 0);
           }
         } else if (!g->param_index.count(operand.get())) {

@@ -1,6 +1,8 @@
 // Max pooling over the last two or three dims, and im2col / col2im.
 // max_pool2d_with_indices follows CPU's loop over the window's positions (a variadic
-// reduce_window for large windows); its backward scatter-adds by index. Average pooling and
+// reduce_window for large windows); adaptive pools with uneven windows and fractional pools
+// gather each cell's window and reduce it (max_over_cell_windows); every backward
+// scatter-adds by index. Average pooling and
 // upsampling are in resampling.cpp.
 // im2col / col2im (nn.Unfold / nn.Fold) are strided windows of the zero-padded image.
 #include <cmath>
@@ -256,62 +258,154 @@ void lower_max_pool(LoweringContext& ctx, const Node& node) {
   ctx.set_results(max_window(ctx, x, max_pool_window(node, 1, n, x, out), out, ctx.out(node, 1)));
 }
 
-// The window of an adaptive pool whose sizes divide evenly (kernel = stride = in / out), or none.
-bool even_adaptive_window(const V& x, const TensorType& pooled, MaxWindow* w) {
+// The window of an adaptive pool over the last n dims whose sizes divide evenly (kernel =
+// stride = in / out), or none.
+bool even_adaptive_window(const V& x, const TensorType& pooled, int n, MaxWindow* w) {
   int64_t r = x.type.rank();
-  int64_t H = x.type.shape[r - 2], W = x.type.shape[r - 1], Ho = pooled.shape[r - 2], Wo = pooled.shape[r - 1];
-  if (Ho == 0 || Wo == 0 || H % Ho != 0 || W % Wo != 0) return false;
-  *w = max_window_geometry(x, {H / Ho, W / Wo}, {H / Ho, W / Wo}, {0, 0}, {1, 1}, pooled);
+  std::vector<int64_t> kernel, zero(n, 0), one(n, 1);
+  for (int64_t d = r - n; d < r; ++d) {
+    int64_t in = x.type.shape[d], out = pooled.shape[d];
+    if (out == 0 || in % out != 0) return false;
+    kernel.push_back(in / out);
+  }
+  *w = max_window_geometry(x, kernel, kernel, zero, one, pooled);
   return true;
 }
 
-// adaptive_max_pool2d(self, output_size): a regular max pool when the sizes divide evenly.
-void lower_adaptive_max_pool2d(LoweringContext& ctx, const Node& node) {
+// Windows placed per output cell (adaptive and fractional pooling), over the last n dims of
+// x: for each axis, the first input position of each cell's window and the position after
+// its last, int64 in the pooled shape, and the longest window along the axis.
+struct CellWindows {
+  std::vector<V> start, end;
+  std::vector<int64_t> extent;
+};
+
+// Max over per-cell windows with CPU's choice of index (argmax_body): each cell's window is
+// gathered into trailing window dims ([..., out dims, extent dims], positions past the
+// window's end hold the lowest value and the largest index, so they never win) and reduced.
+std::vector<V> max_over_cell_windows(LoweringContext& ctx, const V& x, const CellWindows& cells,
+                                     const TensorType& out, const TensorType& idx_type) {
+  int64_t r = x.type.rank(), n = static_cast<int64_t>(cells.extent.size());
+  int64_t plane = 1;
+  for (int64_t d = r - n; d < r; ++d) plane *= x.type.shape[d];
+  std::vector<int64_t> big = out.shape, cell_dims(r), window_dims;
+  for (int64_t a = 0; a < n; ++a) big.push_back(cells.extent[a]);
+  for (int64_t d = 0; d < r; ++d) cell_dims[d] = d;
+  for (int64_t a = 0; a < n; ++a) window_dims.push_back(r + a);
+  TensorType it{big, DType::Int64};
+  auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, big); };
+  V flat = i64(0), valid;
+  for (int64_t a = 0; a < n; ++a) {
+    int64_t in = x.type.shape[r - n + a];
+    V coord = ctx.binary("stablehlo.add", ctx.broadcast_in_dim(cells.start[a], big, cell_dims), ctx.iota(it, r + a));
+    V inside = ctx.compare("LT", coord, ctx.broadcast_in_dim(cells.end[a], big, cell_dims));
+    valid = a == 0 ? inside : ctx.binary("stablehlo.and", valid, inside);
+    coord = ctx.binary("stablehlo.minimum", coord, i64(in - 1));  // stays in the plane
+    flat = ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", flat, i64(in)), coord);
+  }
+  std::vector<int64_t> plane_coefs(big.size(), 0), lead_strides =
+      contiguous_strides(std::vector<int64_t>(x.type.shape.begin(), x.type.shape.end() - n));
+  for (int64_t d = 0; d < r - n; ++d) plane_coefs[d] = lead_strides[d] * plane;
+  V linear = ctx.binary("stablehlo.add", affine_index(ctx, big, plane_coefs, 0, DType::Int64), flat);
+  DType dt = x.type.dtype;
+  V vals = ctx.select(valid, gather_linear(ctx, x, linear), ctx.broadcast_to(lowest_scalar(ctx, dt), big));
+  V idx = ctx.select(valid, flat, i64(std::numeric_limits<int64_t>::max()));
+  V init_v = lowest_scalar(ctx, dt);
+  V init_i = ctx.constant_int(std::numeric_limits<int64_t>::max(), DType::Int64);
+  std::vector<V> best = ctx.emit_multi("stablehlo.reduce", {vals, idx, init_v, init_i}, {out, {out.shape, DType::Int64}},
+                                       "dimensions = " + format_dims(window_dims), argmax_body(ctx, dt));
+  return {best[0], ctx.convert(best[1], idx_type.dtype)};
+}
+
+// adaptive_max_pool{2,3}d(self, output_size); rule data: the number of pooled dims. A regular
+// max pool when the sizes divide evenly; else cell o of an axis reads CPU's window
+// [floor(o*in/out), ceil((o+1)*in/out)).
+void lower_adaptive_max_pool(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.input(node, 0);
+  int n = std::atoi(rule_data(node));
   int64_t r = x.type.rank();
-  int64_t H = x.type.shape[r - 2], W = x.type.shape[r - 1], Ho = out.shape[r - 2], Wo = out.shape[r - 1];
   MaxWindow even;
-  if (even_adaptive_window(x, out, &even)) {
+  if (out.numel() == 0 || x.type.numel() == 0) {
+    ctx.set_results({ctx.constant(0, out.dtype, out.shape), ctx.constant(0, ctx.out(node, 1).dtype, out.shape)});
+    return;
+  }
+  if (even_adaptive_window(x, out, n, &even)) {
     ctx.set_results(max_window(ctx, x, even, out, ctx.out(node, 1)));
     return;
   }
-  // Uneven windows: every output cell masks the whole plane ([..., Ho, Wo, H, W]) and reduces.
-  std::vector<int64_t> big(x.type.shape.begin(), x.type.shape.end() - 2);
-  for (int64_t d : {Ho, Wo, H, W}) big.push_back(d);
-  std::vector<int64_t> cell = {Ho, Wo, H, W};
-  auto member = [&](int64_t out_dim, int64_t in_dim, int64_t in, int64_t outn) {
-    TensorType t{cell, DType::Int64};
-    V i = ctx.iota(t, out_dim), h = ctx.iota(t, in_dim);
-    auto c = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, cell); };
-    V start = ctx.binary("stablehlo.divide", ctx.binary("stablehlo.multiply", i, c(in)), c(outn));
-    V end = ctx.binary("stablehlo.divide",
-                       ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", ctx.binary("stablehlo.add", i, c(1)), c(in)),
-                                  c(outn - 1)),
-                       c(outn));
-    return ctx.binary("stablehlo.and", ctx.compare("GE", h, start), ctx.compare("LT", h, end));
-  };
-  V mask = ctx.binary("stablehlo.and", member(0, 2, H, Ho), member(1, 3, W, Wo));
-  std::vector<int64_t> lead;
-  for (int64_t i = 0; i < r - 2; ++i) lead.push_back(i);
-  std::vector<int64_t> xdims = lead;
-  xdims.push_back(r);
-  xdims.push_back(r + 1);
-  std::vector<int64_t> mdims = {r - 2, r - 1, r, r + 1};
-  V xb = ctx.broadcast_in_dim(x, big, xdims);
-  V mb = ctx.broadcast_in_dim(mask, big, mdims);
-  TensorType it{{H, W}, DType::Int64};
-  V flat = ctx.binary("stablehlo.add",
-                      ctx.binary("stablehlo.multiply", ctx.iota(it, 0), ctx.constant_int(W, DType::Int64, {H, W})),
-                      ctx.iota(it, 1));
-  V ib = ctx.broadcast_in_dim(flat, big, {r, r + 1});
-  V vals = ctx.select(mb, xb, ctx.broadcast_to(lowest_scalar(ctx, x.type.dtype), big));
-  V idx = ctx.select(mb, ib, ctx.constant_int(std::numeric_limits<int64_t>::max(), DType::Int64, big));
-  V init_v = lowest_scalar(ctx, x.type.dtype);
-  V init_i = ctx.constant_int(std::numeric_limits<int64_t>::max(), DType::Int64);
-  std::string body = argmax_body(ctx, x.type.dtype);
-  ctx.set_results(ctx.emit_multi("stablehlo.reduce", {vals, idx, init_v, init_i}, {out, ctx.out(node, 1)},
-                                 "dimensions = " + format_dims({r, r + 1}), body));
+  CellWindows cells;
+  TensorType it{out.shape, DType::Int64};
+  auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, out.shape); };
+  for (int a = 0; a < n; ++a) {
+    int64_t d = r - n + a, in = x.type.shape[d], outn = out.shape[d];
+    V o = ctx.iota(it, d);
+    cells.start.push_back(ctx.binary("stablehlo.divide", ctx.binary("stablehlo.multiply", o, i64(in)), i64(outn)));
+    V next = ctx.binary("stablehlo.multiply", ctx.binary("stablehlo.add", o, i64(1)), i64(in));
+    cells.end.push_back(ctx.binary("stablehlo.divide", ctx.binary("stablehlo.add", next, i64(outn - 1)), i64(outn)));
+    int64_t extent = 0;
+    for (int64_t c = 0; c < outn; ++c) extent = std::max(extent, ((c + 1) * in + outn - 1) / outn - c * in / outn);
+    cells.extent.push_back(extent);
+  }
+  ctx.set_results(max_over_cell_windows(ctx, x, cells, out, ctx.out(node, 1)));
+}
+
+// fractional_max_pool{2,3}d(self, kernel_size, output_size, random_samples); rule data: the
+// number of pooled dims. Each plane's windows start where CPU's generate_intervals puts them,
+// from the plane's samples ([N or 1, C, n]; sample k drives axis n-1-k for 2-d pools, axis k
+// for 3-d ones, as CPU reads them), computed in the input's dtype as CPU computes them:
+// start(i) = int((i + u) * alpha) - int(u * alpha), alpha = (in - k) / (out - 1), and the last
+// window ends at the input's end.
+void lower_fractional_max_pool(LoweringContext& ctx, const Node& node) {
+  const TensorType& out = ctx.out(node);
+  V x = ctx.input(node, 0);
+  int n = std::atoi(rule_data(node));
+  int64_t r = x.type.rank();
+  const auto& kernel = node.args[1].ints;
+  if (out.numel() == 0 || x.type.numel() == 0) {
+    ctx.set_results({ctx.constant(0, out.dtype, out.shape), ctx.constant(0, ctx.out(node, 1).dtype, out.shape)});
+    return;
+  }
+  DType dt = x.type.dtype;
+  std::vector<int64_t> lead(x.type.shape.begin(), x.type.shape.end() - n), per_axis = lead;
+  per_axis.push_back(n);
+  // CPU reads the samples of batch item b (of item 0 for an unbatched input): a samples
+  // tensor may hold more items than the input.
+  V given = ctx.convert(ctx.input(node, 3), dt);
+  std::vector<int64_t> items = given.type.shape;
+  items[0] = lead.size() > 1 ? lead[0] : 1;
+  V samples = ctx.reshape(ctx.slice(given, std::vector<int64_t>(items.size(), 0), items,
+                                    std::vector<int64_t>(items.size(), 1)),
+                          per_axis);
+  std::vector<int64_t> lead_dims(lead.size());
+  for (size_t d = 0; d < lead.size(); ++d) lead_dims[d] = static_cast<int64_t>(d);
+  CellWindows cells;
+  TensorType it{out.shape, DType::Int64};
+  for (int a = 0; a < n; ++a) {
+    int64_t d = r - n + a, in = x.type.shape[d], outn = out.shape[d], k = at(kernel, a, 1);
+    int64_t sample_at = n == 2 ? n - 1 - a : a;
+    std::vector<int64_t> lo(per_axis.size(), 0), hi = per_axis, step(per_axis.size(), 1);
+    lo.back() = sample_at;
+    hi.back() = sample_at + 1;
+    V u = ctx.broadcast_in_dim(ctx.reshape(ctx.slice(samples, lo, hi, step), lead), out.shape, lead_dims);
+    V o = ctx.iota(it, d);
+    V start;
+    if (outn > 1) {
+      Ex e = make_ex(ctx, dt, out.shape);
+      V alpha = e.div(e.k(static_cast<double>(in - k)), e.k(static_cast<double>(outn - 1)));
+      V shifted = ctx.convert(e.mul(e.add(ctx.convert(o, dt), u), alpha), DType::Int32);
+      V base = ctx.convert(e.mul(u, alpha), DType::Int32);
+      start = ctx.convert(ctx.binary("stablehlo.subtract", shifted, base), DType::Int64);
+      start = ctx.select(ctx.compare("EQ", o, ctx.constant_int(outn - 1, DType::Int64, out.shape)),
+                         ctx.constant_int(in - k, DType::Int64, out.shape), start);
+    } else {
+      start = ctx.constant_int(in - k, DType::Int64, out.shape);
+    }
+    cells.start.push_back(start);
+    cells.end.push_back(ctx.binary("stablehlo.add", start, ctx.constant_int(k, DType::Int64, out.shape)));
+    cells.extent.push_back(k);
+  }
+  ctx.set_results(max_over_cell_windows(ctx, x, cells, out, ctx.out(node, 1)));
 }
 
 // Scatter-adds grad [..., Ho, Wo] into [..., H, W] (n = 2; [..., D, H, W] for n = 3) at flat
@@ -343,9 +437,16 @@ void lower_max_pool_backward(LoweringContext& ctx, const Node& node) {
   ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 7), ctx.out(node), std::atoi(rule_data(node))));
 }
 
-// adaptive_max_pool2d_backward(grad_output, self, indices)
-void lower_adaptive_max_pool2d_backward(LoweringContext& ctx, const Node& node) {
-  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 2), ctx.out(node)));
+// adaptive_max_pool{2,3}d_backward(grad_output, self, indices); rule data: the number of
+// pooled dims.
+void lower_adaptive_max_pool_backward(LoweringContext& ctx, const Node& node) {
+  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 2), ctx.out(node), std::atoi(rule_data(node))));
+}
+
+// fractional_max_pool{2,3}d_backward(grad_output, self, kernel_size, output_size, indices);
+// rule data: the number of pooled dims.
+void lower_fractional_max_pool_backward(LoweringContext& ctx, const Node& node) {
+  ctx.set_result(scatter_by_index(ctx, ctx.input(node, 0), ctx.input(node, 4), ctx.out(node), std::atoi(rule_data(node))));
 }
 
 // -- im2col / col2im (nn.Unfold / nn.Fold) ----------------------------------------------------
@@ -440,8 +541,14 @@ LOWERING("aten::max_pool2d_with_indices", lower_max_pool, "2", kNoBool);
 LOWERING("aten::max_pool2d_with_indices_backward", lower_max_pool_backward, "2", kFloatOnly);
 LOWERING("aten::max_pool3d_with_indices", lower_max_pool, "3", kNoBool);
 LOWERING("aten::max_pool3d_with_indices_backward", lower_max_pool_backward, "3", kFloatOnly);
-LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool2d, nullptr, kFloatOnly);
-LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool2d_backward, nullptr, kFloatOnly);
+LOWERING("aten::adaptive_max_pool2d", lower_adaptive_max_pool, "2", kFloatOnly);
+LOWERING("aten::adaptive_max_pool2d_backward", lower_adaptive_max_pool_backward, "2", kFloatOnly);
+LOWERING("aten::adaptive_max_pool3d", lower_adaptive_max_pool, "3", kFloatOnly);
+LOWERING("aten::adaptive_max_pool3d_backward", lower_adaptive_max_pool_backward, "3", kFloatOnly);
+LOWERING("aten::fractional_max_pool2d", lower_fractional_max_pool, "2", kFloatOnly);
+LOWERING("aten::fractional_max_pool2d_backward", lower_fractional_max_pool_backward, "2", kFloatOnly);
+LOWERING("aten::fractional_max_pool3d", lower_fractional_max_pool, "3", kFloatOnly);
+LOWERING("aten::fractional_max_pool3d_backward", lower_fractional_max_pool_backward, "3", kFloatOnly);
 LOWERING("aten::im2col", lower_im2col, nullptr, kFloatOnly);
 LOWERING("aten::col2im", lower_col2im, nullptr, kFloatOnly);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/graph_plan.h"
 #include "engine/trace.h"
 #include "lowering/registry.h"
 #include "lowering/stablehlo_call.h"
@@ -648,6 +649,36 @@ void test_values_of_two_meshes_raise(FakeRuntime& rt) {
   CHECK(contains(message, "two meshes, mesh (2,) ('data',) over tpu:0..1 and mesh (2,) ('data',) over tpu:0,2"));
 }
 
+// A graph's positions index: inline up to 8 entries, a table beyond, the same answers both ways
+// (a fused graph of hundreds of nodes and a strict graph of one use it).
+void test_pointer_index_inline_and_table() {
+  std::vector<int> items(100);
+  PointerIndex<int> index;
+  for (int i = 0; i < 100; ++i) {
+    CHECK(index.emplace(&items[i], i));
+    CHECK(!index.emplace(&items[i], -1));  // present: kept as it was
+    if (i == 7 || i == 8 || i == 99) {     // the last inline entry, the first in the table, many
+      for (int k = 0; k <= i; ++k) CHECK(index.count(&items[k]) == 1 && index.at(&items[k]) == k);
+      CHECK(index.size() == static_cast<size_t>(i + 1));
+    }
+  }
+  int absent = 0;
+  CHECK(index.find(&absent) == index.end() && index.count(&absent) == 0);
+  bool threw = false;
+  try {
+    index.at(&absent);
+  } catch (const std::out_of_range&) {
+    threw = true;
+  }
+  CHECK(threw);
+  index[&absent] = 7;
+  CHECK(index.find(&absent)->second == 7);
+  index.clear();
+  CHECK(index.size() == 0 && index.count(&items[0]) == 0);
+  index[&items[3]] = 3;
+  CHECK(index.at(&items[3]) == 3 && index.size() == 1);
+}
+
 }  // namespace
 
 int main() {
@@ -655,6 +686,7 @@ int main() {
   install_runtime(rt);
   try {
     test_op_kinds_are_interned();
+    test_pointer_index_inline_and_table();
     test_structure_hash_is_hash_node_without_sizes();
     test_fused_graph_is_lowered_once_and_cached(*rt);
     test_unheld_parameter_is_donated(*rt);

@@ -1,7 +1,12 @@
 """Convolution and pooling lowerings (forward and backward) against CPU."""
+import copy
+
+import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
+import torchtpu
 from utils import check
 
 
@@ -88,6 +93,69 @@ def test_max_pool3d_ties_nans_and_padding(mode):
         x = _pool_input(70 + i, (2, 2, 5, 6, 7)).requires_grad_()
         check(lambda x: F.max_pool3d(x, **cfg).nan_to_num(0.0, 0.0, 0.0), x, grad=True)
     check(lambda x: F.max_pool3d(x, 2, return_indices=True), r(2, 4, 4, 5), grad=True)
+
+
+def test_adaptive_max_pool3d_ties_nans(mode):
+    # Uneven windows gather each cell's window [floor(o*in/out), ceil((o+1)*in/out)) and reduce
+    # it over (value, d*H*W + h*W + w) pairs; even ones take the reduce_window: values, indices
+    # and gradients as CPU's loop (ties, NaNs, -infs), unbatched too.
+    for i, size in enumerate(((3, 4, 2), (5, 3, 7), (1, 1, 1), (2, 6, 3))):
+        check(lambda x: F.adaptive_max_pool3d(x, size, return_indices=True), _pool_input(80 + i, (2, 3, 5, 6, 7)))
+        x = _pool_input(90 + i, (2, 3, 5, 6, 7)).requires_grad_()
+        check(lambda x: F.adaptive_max_pool3d(x, size).nan_to_num(0.0, 0.0, 0.0), x, grad=True)
+    check(lambda x: F.adaptive_max_pool3d(x, (2, 3, 4), return_indices=True), r(3, 5, 4, 6), grad=True)
+
+
+def _samples(seed, *shape, dtype=torch.float32):
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def test_fractional_max_pool_ties_nans(mode):
+    # Windows start where CPU's generate_intervals puts them, from the given samples (sample 0
+    # drives the width of a 2-d pool, the depth of a 3-d one), computed in the input's dtype.
+    x2 = _pool_input(100, (2, 3, 9, 7))
+    for i, (kernel, size) in enumerate((((3, 2), (5, 4)), (2, (8, 6)), ((4, 3), (1, 2)), (2, (4, 3)))):
+        u = _samples(110 + i, 2, 3, 2)
+        check(lambda x, u: F.fractional_max_pool2d(x, kernel, output_size=size, return_indices=True, _random_samples=u),
+              x2, u)
+        x = _pool_input(120 + i, (2, 3, 9, 7)).requires_grad_()
+        check(lambda x, u: F.fractional_max_pool2d(x, kernel, output_size=size, _random_samples=u).nan_to_num(0.0, 0.0, 0.0),
+              x, u, grad=True)
+    check(lambda x, u: F.fractional_max_pool2d(x, 2, output_ratio=(0.5, 0.5), return_indices=True, _random_samples=u),
+          r(3, 8, 9), _samples(130, 2, 3, 2), grad=True)  # unbatched: item 0 of the samples
+    x3 = _pool_input(140, (2, 2, 7, 8, 6))
+    for i, (kernel, size) in enumerate((((2, 3, 2), (4, 5, 3)), (3, (1, 2, 3)), (2, (5, 6, 4)))):
+        u = _samples(150 + i, 2, 2, 3)
+        check(lambda x, u: F.fractional_max_pool3d(x, kernel, output_size=size, return_indices=True, _random_samples=u),
+              x3, u)
+        x = _pool_input(160 + i, (2, 2, 7, 8, 6)).requires_grad_()
+        check(lambda x, u: F.fractional_max_pool3d(x, kernel, output_size=size, _random_samples=u).nan_to_num(0.0, 0.0, 0.0),
+              x, u, grad=True)
+    x64 = torch.randn(2, 5, 6, 7, dtype=torch.float64, requires_grad=True)
+    check(lambda x, u: F.fractional_max_pool3d(x, 2, output_size=(3, 4, 5), return_indices=True, _random_samples=u),
+          x64, _samples(170, 2, 2, 3, dtype=torch.float64), grad=True)
+
+
+@pytest.mark.modes("fused")
+def test_compiled_pools_with_indices(mode):
+    x = torch.randn(2, 3, 6, 7, 5, generator=torch.Generator().manual_seed(7))
+    u2, u3 = _samples(180, 2, 3, 2), _samples(181, 2, 3, 3)
+    modules = [(nn.AdaptiveMaxPool3d((3, 4, 2)), x), (nn.FractionalMaxPool2d(2, output_size=(4, 3), _random_samples=u2), x[:, :, 0]),
+               (nn.FractionalMaxPool3d(2, output_size=(3, 4, 3), _random_samples=u3), x)]
+    for module, inp in modules:
+        expected = inp.clone().requires_grad_()
+        module(expected).square().sum().backward()
+        tpu_module = copy.deepcopy(module)
+        if hasattr(tpu_module, "_random_samples") and tpu_module._random_samples is not None:
+            tpu_module._random_samples = tpu_module._random_samples.to("tpu")
+        compiled = torch.compile(tpu_module, backend="tpu")
+        actual = inp.to("tpu").requires_grad_()
+        before = dict(torchtpu.metrics.counters()["fallback_ops"])
+        out = compiled(actual)
+        out.square().sum().backward()
+        assert torch.equal(out.cpu(), module(inp))
+        assert torch.equal(actual.grad.cpu(), expected.grad)
+        assert torchtpu.metrics.counters()["fallback_ops"] == before
 
 
 def test_max_pool2d_backward_takes_any_index(mode):

@@ -125,3 +125,93 @@ def test_every_target_ignored_gives_zero_gradients(mode, reduction):
           grad=True)
     check(lambda x, t: F.nll_loss(x, t, ignore_index=2, reduction=reduction), r(2, 3, 2, 2),
           torch.full((2, 2, 2), 2), grad=True)
+
+
+def _ctc_case(seed, steps=12, batch=4, classes=6, longest=5, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    log_probs = torch.randn(steps, batch, classes, generator=g, dtype=dtype).log_softmax(2).requires_grad_()
+    targets = torch.randint(1, classes, (batch, longest), generator=g)
+    targets[0, 1] = targets[0, 0]  # a repeated label: the path must pass a blank between them
+    return log_probs, targets
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_ctc_loss(mode, reduction):
+    # The alpha/beta recursions run on device (one while loop over time each); padded (2-d) and
+    # concatenated (1-d) targets, lengths as lists and as tensors (read on the host, as CUDA
+    # does), an empty target, a short input, another blank index, float64.
+    log_probs, targets = _ctc_case(0)
+    input_lengths, target_lengths = [12, 10, 7, 4], [5, 3, 0, 3]
+    check(lambda x, t, il, tl: F.ctc_loss(x, t, il, tl, reduction=reduction), log_probs, targets,
+          torch.tensor(input_lengths), torch.tensor(target_lengths, dtype=torch.int32), grad=True)
+    if reduction != "none":
+        return  # the reduction is composite (ordinary ops): the variants below once suffice
+    concatenated = torch.cat([targets[b, :n] for b, n in enumerate(target_lengths)])
+    check(lambda x, t: F.ctc_loss(x, t, input_lengths, target_lengths, reduction=reduction), log_probs, concatenated,
+          grad=True)
+    check(lambda x, t, il, tl: F.ctc_loss(x, t, il, tl, reduction=reduction), log_probs, concatenated,
+          torch.tensor(input_lengths), torch.tensor(target_lengths), grad=True)
+    check(lambda x, t: F.ctc_loss(x, t, input_lengths, target_lengths, blank=5, reduction=reduction),
+          log_probs, targets - 1, grad=True)
+    log_probs64, targets64 = _ctc_case(1, dtype=torch.float64)
+    check(lambda x, t: F.ctc_loss(x, t, [12, 12, 11, 6], [5, 5, 2, 1], reduction=reduction), log_probs64, targets64,
+          grad=True, rtol=1e-12, atol=1e-12)
+    # unbatched: [T, C] log-probabilities and one target
+    check(lambda x, t: F.ctc_loss(x, t, [9], [4], reduction=reduction), log_probs[:9, 0].detach().requires_grad_(),
+          targets[0, :4], grad=True)
+
+
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss_impossible_alignments(mode, zero_infinity):
+    # A target longer than its input (or than the steps its repeats need) and -inf
+    # log-probabilities: an infinite loss and NaN gradients as on CPU, or zeros with zero_infinity.
+    log_probs, targets = _ctc_case(2)
+    log_probs = log_probs.detach().clone()
+    log_probs[2:5, 1, 3] = float("-inf")
+    log_probs[:, 2, 0] = float("-inf")
+    targets[1, :3] = 3
+    log_probs.requires_grad_()
+    for reduction in ("none", "mean"):
+        check(lambda x, t: F.ctc_loss(x, t, [12, 5, 2, 4], [5, 3, 3, 4], reduction=reduction,
+                                      zero_infinity=zero_infinity), log_probs, targets, grad=True)
+
+
+def test_ctc_loss_errors_as_cpu(mode):
+    log_probs, targets = _ctc_case(3)
+    log_probs = log_probs.detach()
+    check_error(lambda x, t: F.ctc_loss(x, t, [12, 12, 12, 12], [5, 5, 5, 5], blank=6), log_probs, targets)
+    check_error(lambda x, t: F.ctc_loss(x, t, [12, 13, 12, 12], [5, 5, 5, 5]), log_probs, targets)
+    check_error(lambda x, t: F.ctc_loss(x, t, [12, 12, 12, 12], [5, 6, 5, 5]), log_probs, targets)
+
+
+@pytest.mark.modes("fused")
+def test_ctc_loss_compiled(mode):
+    log_probs, targets = _ctc_case(4)
+    loss = torch.nn.CTCLoss(zero_infinity=True)
+    compiled = torch.compile(torch.nn.CTCLoss(zero_infinity=True), backend="tpu")
+    check(lambda x, t, il, tl: compiled(x, t, il, tl) if x.device.type == "tpu" else loss(x, t, il, tl),
+          log_probs, targets, torch.tensor([12, 10, 7, 4]), torch.tensor([5, 3, 0, 3]), grad=True)
+
+
+@pytest.mark.modes("fused")
+def test_ctc_loss_gradient_of_a_long_input_as_cpu(mode):
+    # A long input (loss ~120): the gradient exp(collected + nll - lp) cancels, so float32
+    # roundings of the recursions show in it at a few ulps of the loss (ulp(120) = 7.6e-6).
+    # The per-class log-add of alpha*beta runs in CPU's order (a one-shot logsumexp was 2.4e-5
+    # off CPU on OpInfo's sample, now 6e-8); exp/log still round unlike glibc's, measured here
+    # 1.24e-5 from CPU, while CPU itself is 2.5e-5 from float64: atol 4e-5, and tpu's error
+    # from float64 must stay within CPU's own (x 1.5).
+    log_probs, targets = _ctc_case(5, steps=50, batch=16, classes=20, longest=30)
+    lengths = torch.randint(10, 31, (16,), generator=torch.Generator().manual_seed(6))
+    input_lengths = torch.full((16,), 50)
+    check(lambda x, t, il, tl: F.ctc_loss(x, t, il, tl, reduction="none"), log_probs, targets,
+          input_lengths, lengths, grad=True, rtol=1.3e-6, atol=4e-5)
+
+    def gradient(x):
+        x = x.detach().requires_grad_()
+        F.ctc_loss(x, targets.to(x.device), input_lengths, lengths, reduction="none").sum().backward()
+        return x.grad.cpu().double()
+    exact = gradient(log_probs.double())
+    cpu_error = (gradient(log_probs) - exact).abs().max()
+    tpu_error = (gradient(log_probs.to("tpu")) - exact).abs().max()
+    assert tpu_error <= 1.5 * cpu_error, (tpu_error, cpu_error)
