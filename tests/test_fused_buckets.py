@@ -163,6 +163,34 @@ def test_inference_over_prompt_lengths_pads_and_slices_what_the_user_reads():
     assert summary("forward")["buckets"] == [[8], [16], [32]]
 
 
+def grow(tokens):
+    """A decode step's bookkeeping: the next token from the row, appended to it (a cat along
+    the padded dimension), and a flag the host reads (a stopping check)."""
+    nxt = (tokens.sum(1) * 7 + tokens[:, -1]) % 50
+    return torch.cat([tokens, nxt[:, None]], dim=1), nxt.max()
+
+
+def test_padded_graphs_replay_without_recording_their_ops_again():
+    tokens = torch.randint(0, 50, (3, 4), generator=torch.Generator().manual_seed(0))
+    on_tpu = tokens.to("tpu")
+    steps = []  # per step: (row length after it, ops recorded, captured executables replayed)
+    for _ in range(12):
+        ops, replays = metrics.counters()["ops_traced"], _C.capture_stats()["replays"]
+        tokens, flag = grow(tokens)
+        on_tpu, flag_tpu = grow(on_tpu)
+        assert flag_tpu.item() == flag.item()
+        steps.append((tokens.shape[1], metrics.counters()["ops_traced"] - ops, _C.capture_stats()["replays"] - replays))
+    assert torch.equal(on_tpu.cpu(), tokens)
+    assert compiled() == 1 + 2  # length 5 at its sizes, then buckets 8 and 16
+    own_ops = steps[0][1]  # the first step runs exact: it records grow's ops only
+    # A bucket's padded graph is recorded (and captured) the first time each form of its input
+    # arrives (exact, then padded: lengths 6 and 7; re-padded from 8, then padded: 9 and 10);
+    # after that each step replays it and records only grow's own ops, not the padded graph's.
+    steady = [(n, ops, replays) for n, ops, replays in steps if n in (8, 11, 12, 13, 14, 15, 16)]
+    assert steady == [(n, own_ops, 1) for n, _, _ in steady], steps
+    assert all(ops > own_ops for n, ops, _ in steps if n in (6, 7, 9, 10)), steps
+
+
 class SmallResNet(nn.Module):
     def __init__(self, width=8, classes=5):
         super().__init__()

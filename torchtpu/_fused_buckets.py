@@ -10,8 +10,10 @@ graph written with those sizes as expressions. This module
   what it sees under torch.compile;
 - rewrites it once per bucket with `_buckets`' rules (padding specs, masks, real lengths);
 - on each flush, pads the inputs (`Padded.prepare`) and runs the rewritten graph on the tpu
-  tensors: its ops are recorded into a pending graph at the bucket's sizes, which the engine
-  compiles once per bucket (lengths are a small input) and runs in place of the flush.
+  tensors in place of the flush: the first time, its ops are recorded into a pending graph at
+  the bucket's sizes, which the engine compiles once per bucket (lengths are a small input)
+  and which is kept as a capture (as torch.compile graphs are, torchtpu/compiler.py); later
+  flushes at that bucket replay the captured executable without recording the ops again.
 
 Outputs keep their padding on the device, with their real sizes (the engine slices them when
 an exact-size graph or the user reads them); `run` reports each output's padding layout.
@@ -46,14 +48,15 @@ _INTERNAL = {
 }
 
 
-def run(structure: int, device: int, symbols, params, layouts, scalars, describe):
+def run(structure: int, device: int, symbols, params, layouts, scalars, describe, donatable=()):
     """Records the flush's graph padded to the bucket of its sizes. Returns (bucket per
     symbol, outputs, padding layout per output), or a string: why it runs at exact sizes.
 
     symbols: each symbol's real value; params: the graph's inputs (tpu tensors; a padded
     input as its padded tensor, with its layout in `layouts`; Python numbers used as tensor
     operands as numbers); scalars: the lifted scalar arguments; describe(): the graph with
-    its sizes as expressions (called the first time a structure is seen)."""
+    its sizes as expressions (called the first time a structure is seen); donatable: per
+    parameter, whether nothing but the flush holds it (its buffer may go to a result)."""
     pol = _buckets.policy()
     if pol is None:
         return "TORCHTPU_BUCKETS=off"
@@ -66,7 +69,7 @@ def run(structure: int, device: int, symbols, params, layouts, scalars, describe
         _structures[structure] = found
     if isinstance(found, str):
         return found
-    return found.run(symbols, params, layouts, scalars, pol)
+    return found.run(symbols, params, layouts, scalars, pol, donatable)
 
 
 def _dtype_of(name: str) -> torch.dtype:
@@ -252,32 +255,43 @@ class _Structure:
 
     def variant(self, sizes, layouts):
         """The graph rewritten for this bucket and these padded inputs (a decode step's cache
-        arrives exact once, then padded: the same padded graph, rewritten once per form)."""
+        arrives exact once, then padded: the same padded graph, rewritten once per form), with
+        its runner: the rewritten graph's ops are recorded once and then replayed as one
+        captured executable (compiler._CompiledGraph), not recorded again each flush."""
         known = {f"input{p}": self.layout_spec(layout, sizes) for p, layout in enumerate(layouts) if layout}
         key = (sizes.key, tuple(sorted(known.items())))
         if key not in self.variants:
+            from torchtpu.compiler import _CompiledGraph
+
             try:
-                self.variants[key] = self.graph.rewrite(sizes, known)
+                padded = self.graph.rewrite(sizes, known)
+                self.variants[key] = (padded, _CompiledGraph(padded.gm, "bucketed", in_flush=True))
             except _buckets.NoBucket as e:
                 self.variants[key] = str(e)
         return self.variants[key], known
 
-    def run(self, symbols, params, layouts, scalars, pol):
+    def run(self, symbols, params, layouts, scalars, pol, donatable=()):
         args = [*symbols, *params, *scalars]
         sizes = self.graph.sizes(args, pol)
         if sizes is None:
             return "a size is above the largest bucket of TORCHTPU_BUCKETS"
-        padded, known = self.variant(sizes, layouts)
-        if isinstance(padded, str):
-            return padded
+        found, known = self.variant(sizes, layouts)
+        if isinstance(found, str):
+            return found
+        padded, replay = found
         for p, layout in enumerate(layouts):
             if layout and self.layout_spec(layout) != known[f"input{p}"]:  # kept from a smaller bucket
                 i = len(symbols) + p
                 args[i] = _buckets.pad(args[i], known[f"input{p}"], sizes.real, current=self.layout_spec(layout))
         inputs = padded.prepare(args, sizes)
+        # The flush's parameters only it holds give their buffers to results of their padded
+        # type, as when the padded graph is recorded and run (a training step's weights and
+        # AdamW state, a grown token row): the capture donates them on every replay.
+        vouched = tuple(len(symbols) + p for p, free in enumerate(donatable)
+                        if free and isinstance(inputs[len(symbols) + p], torch.Tensor))
         del args, params
         with torch.no_grad():
-            outputs = padded.gm(*inputs)
+            outputs = replay(*inputs, vouched=vouched)
         del inputs
         index = {name: i for i, name in enumerate(self.names)}
         out_layouts = []

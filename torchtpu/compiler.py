@@ -80,14 +80,23 @@ def decompositions() -> dict:
 # Running one AOT graph (forward, backward or inference).
 
 _MAX_CAPTURES_PER_GRAPH = 16
+# Distinct non-tensor inputs (the capture key) one graph captures for; beyond, calls with new
+# ones are interpreted (a Python number that changes every call would capture every call).
+_MAX_KEYS_PER_GRAPH = 64
 
 
 class _CompiledGraph:
-    """Runs an FX graph of aten ops on tpu tensors as one XLA executable."""
+    """Runs an FX graph of aten ops on tpu tensors as one XLA executable.
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, updates=()):
+    `in_flush`: the graph runs while the engine flushes a pending graph (a fused graph padded
+    to a bucket, torchtpu/_fused_buckets.py): interpreting it only records its ops, which that
+    flush then runs, where a torch.compile graph runs its inputs' and its own work. Its calls
+    name the inputs whose buffers it may donate (`vouched`, capture_end's): part of the key."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, updates=(), in_flush: bool = False):
         self.gm = gm
         self.name = name
+        self.in_flush = in_flush
         # (input, output) pairs: the output is the input's new contents, which AOTAutograd's
         # epilogue copies into the input (a static KV cache's index_copy_). The capture gives
         # the input's buffer to that output, so the update copies nothing.
@@ -102,10 +111,10 @@ class _CompiledGraph:
         # key: they are baked into the captured graph. Tensor types are checked in C++.
         return tuple(a for a in args if not isinstance(a, torch.Tensor))
 
-    def __call__(self, *args):
+    def __call__(self, *args, vouched=()):
         if not self.replay or _C.get_mode() != "fused":
             return self._interpret(args)
-        key = self._key(args)
+        key = (self._key(args) + (("vouched", vouched),)) if vouched else self._key(args)
         try:
             hash(key)
         except TypeError:  # an unhashable non-tensor input: no capture for it
@@ -121,19 +130,21 @@ class _CompiledGraph:
                     out[i] = value
                 self.stats["replayed"] += 1
                 return out
-        if key in self.uncapturable:
+        if key in self.uncapturable or (not handles and len(self.captures) >= _MAX_KEYS_PER_GRAPH):
             return self._interpret(args)
-        return self._capture(args, key)
+        return self._capture(args, key, vouched)
 
     def _interpret(self, args):
         self.stats["interpreted"] += 1
+        if self.in_flush:
+            return self.gm(*args)
         _C.sync(False, "torch_compile")  # the inputs' pending work is its own graph
         out = self.gm(*args)
         if _C.get_mode() == "fused":
             _C.sync(False, "torch_compile")  # the whole FX graph: one executable
         return out
 
-    def _capture(self, args, key):
+    def _capture(self, args, key, vouched=()):
         args = list(args)
         _C.capture_begin(args)  # runs the inputs' pending work; notes the engine's state
         try:
@@ -142,7 +153,7 @@ class _CompiledGraph:
             _C.capture_abort()
             raise
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
-        captured = _C.capture_end(args, outs, self.updates)  # compiles (or finds) and runs the graph
+        captured = _C.capture_end(args, outs, self.updates, list(vouched))  # compiles (or finds) and runs it
         if captured is None:
             self.uncapturable.add(key)
             self.stats["interpreted"] += 1

@@ -49,6 +49,7 @@ struct Capture {
   // executable reuses the input's buffer for the root (donation), and the input tensor then
   // holds the root, so an update costs no copy of what it updates.
   std::vector<std::pair<int, int>> donated;
+  std::vector<bool> donation_vouched;  // per donated pair: the caller vouched for it (capture_end)
   // A partitioned executable: its mesh and the layout each parameter must arrive in (a replay
   // with inputs laid out otherwise misses and is captured again).
   MeshPtr mesh;
@@ -118,7 +119,7 @@ void capture_begin(const std::vector<at::Tensor>& inputs) {
 void capture_abort() { g_begin.active = false; }
 
 CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                       const std::vector<std::pair<int, int>>& updates) {
+                       const std::vector<std::pair<int, int>>& updates, const std::vector<int>& vouched) {
   EngineLock lock;
   Engine& e = Engine::get();
   // One pending graph: nothing ran (no flush) and nothing fell back to CPU since the start.
@@ -184,15 +185,41 @@ CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<
     if (aliased || !held_by_its_tensor_alone(v, 1) || !(v->type == roots[out.index]->type)) continue;
     donations.push_back({v.get(), out.index});
     capture->donated.push_back({i, out.index});
+    capture->donation_vouched.push_back(false);
+  }
+  std::vector<bool> root_taken(roots.size(), false);
+  for (auto [i, r] : capture->donated) root_taken[r] = true;
+  for (int i : vouched) {
+    if (i < 0 || static_cast<size_t>(i) >= inputs.size() || !capture->input_types[i]) continue;
+    bool aliased = std::any_of(capture->alias_pairs.begin(), capture->alias_pairs.end(),
+                               [&](auto pair) { return pair.first == i || pair.second == i; });
+    ValuePtr v = value_of(inputs[i], device);
+    bool returned = std::any_of(capture->outputs.begin(), capture->outputs.end(), [&](const Capture::Output& o) {
+      return o.kind == Capture::Output::Kind::Input && o.index == i;
+    });
+    if (aliased || returned || v->pending() || !v->buffer || v->type.numel() == 0) continue;
+    for (size_t r = 0; r < roots.size(); ++r) {
+      if (root_taken[r] || !(roots[r]->type == v->type)) continue;
+      root_taken[r] = true;
+      donations.push_back({v.get(), static_cast<int>(r)});
+      capture->donated.push_back({i, static_cast<int>(r)});
+      capture->donation_vouched.push_back(true);
+      break;
+    }
   }
   Engine::CaptureRun run = e.run_for_capture(roots, device, donations);
   // A donated input's parameter must really be that input (not, say, a view's base).
-  for (auto it = capture->donated.begin(); it != capture->donated.end();) {
-    const Value* v = value_of(inputs[it->first], device).get();
+  for (size_t k = 0; k < capture->donated.size();) {
+    auto [i, r] = capture->donated[k];
+    const Value* v = value_of(inputs[i], device).get();
     bool found = false;
-    for (size_t p = 0; p < run.params.size(); ++p)
-      found = found || (run.params[p].get() == v && run.aliasing[p] == it->second);
-    it = found ? it + 1 : capture->donated.erase(it);
+    for (size_t p = 0; p < run.params.size(); ++p) found = found || (run.params[p].get() == v && run.aliasing[p] == r);
+    if (found) {
+      ++k;
+    } else {
+      capture->donated.erase(capture->donated.begin() + k);
+      capture->donation_vouched.erase(capture->donation_vouched.begin() + k);
+    }
   }
   capture->mesh = run.mesh;
   capture->param_shardings = run.param_shardings;
@@ -270,10 +297,11 @@ std::optional<std::vector<at::Tensor>> run_captured(Capture& c, const std::vecto
     if (!bases[i] || !(bases[i]->type == *c.base_types[i])) { g_misses++; return std::nullopt; }
   }
 
-  for (auto [i, r] : c.donated) {
+  for (size_t k = 0; k < c.donated.size(); ++k) {
+    int i = c.donated[k].first;
     e.materialize(values[i]);
     // values[] and the input tensor hold it; anything else (a clone) would lose its contents.
-    if (!held_by_its_tensor_alone(values[i], 1)) { g_misses++; return std::nullopt; }
+    if (!c.donation_vouched[k] && !held_by_its_tensor_alone(values[i], 1)) { g_misses++; return std::nullopt; }
   }
   std::vector<BufferPtr> results;
   if (c.executable) {

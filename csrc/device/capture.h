@@ -27,8 +27,11 @@ void capture_abort();
 // updates: (FX input, FX output) pairs where the output is the input's new contents (an
 // in-place update the caller writes back): the input's buffer is donated to it when the
 // input tensor alone holds it, and the input tensor then holds the output.
+// vouched: FX inputs whose buffers the caller vouches nothing else reads, on this call and on
+// every replay it makes of the capture (the fused bucket runner, for the flush's parameters
+// only the flush holds): each is donated to the first result of its type not taken.
 CapturePtr capture_end(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                       const std::vector<std::pair<int, int>>& updates = {});
+                       const std::vector<std::pair<int, int>>& updates = {}, const std::vector<int>& vouched = {});
 // The outputs for new inputs (undefined where the FX output is not a tensor), or nullopt
 // when the inputs' types or aliasing differ from the captured ones.
 std::optional<std::vector<at::Tensor>> run_captured(Capture& capture, const std::vector<at::Tensor>& inputs);

@@ -151,7 +151,13 @@ ParsedOp parse_args(const c10::FunctionSchema& schema, const std::vector<c10::IV
                 (is_number_type(type) || (rule->lifts_floats && is_type(type, c10::TypeKind::FloatType)));
     // 0 and 1 (alpha=1, beta=0, ...) stay constants: they rarely change, and keeping them
     // out of the scalar vector saves a host-to-device transfer per launch in strict mode.
-    if (lift && (v.isInt() || v.isDouble() || v.isBool())) {
+    // A bool fill is the exception: torch.full(size, flag) (transformers' max-length
+    // criterion builds its "done" row so) is a flag that flips when a loop ends, and as a
+    // constant it would compile a second graph for its last step. lower_fill reads it
+    // through the scalar packs.
+    static const OpKind fill_scalar = OpKind::intern("aten::fill.Scalar");
+    bool flag_fill = lift && v.isBool() && rule->kind == fill_scalar;
+    if (lift && !flag_fill && (v.isInt() || v.isDouble() || v.isBool())) {
       double number = v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : v.toBool();
       if (number == 0.0 || number == 1.0) lift = false;
     }

@@ -322,6 +322,14 @@ std::string Engine::run_padded(Graph& g, BucketState::Structure& structure, cons
   request.device = g.device;
   if (!structure.plan->read(sizes, &request.symbols))
     return "its sizes do not follow from the first two graphs of its kind";
+  request.donatable.assign(g.params.size(), false);
+  for (size_t p = 0; p < g.params.size(); ++p) {
+    const ValuePtr& v = g.params[p];  // held by g.params and the nodes reading it, or more
+    const BufferPtr& buffer = v->padded_only() ? v->padded->buffer : v->buffer;
+    request.donatable[p] = g.donate && buffer && v.use_count() - 1 == v->node_uses.load() &&
+                           (!v->padded_only() || v->padded.use_count() == 1) && buffer.use_count() == 1 &&
+                           !buffer->shared_outside.load() && v->type.numel() > 0;
+  }
   request.params = g.params;
   std::vector<std::pair<const Value*, std::weak_ptr<Value>>> carried;
   for (ValuePtr& p : request.params) {

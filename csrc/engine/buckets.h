@@ -121,6 +121,10 @@ struct BucketRequest {
   std::vector<bool> number_params;   // a Python number used as a tensor operand (x * 0.5)
   std::vector<const Arg*> scalars;   // the lifted arguments, in node order
   std::function<SymbolicGraph()> describe;
+  // Per parameter: nothing but this flush holds it (plan_donation's test), so the padded graph
+  // may give its buffer to a result, as recording and running it would (a replayed capture
+  // donates these: device/capture.h capture_end's `vouched`).
+  std::vector<bool> donatable;
 };
 
 // The runner's answer: the flush's roots recorded (pending) at the bucket's sizes, or why not.

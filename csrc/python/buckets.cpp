@@ -142,7 +142,7 @@ BucketRun run_in_python(BucketRequest& request) {
     py::cpp_function describe([&request]() { return describe_to_py(request.describe()); });
     py::module_ runner = py::module_::import("torchtpu._fused_buckets");
     result = runner.attr("run")(request.structure, request.device, py::cast(request.symbols), params, layouts,
-                                scalars, describe);
+                                scalars, describe, py::cast(request.donatable));
   }
   if (py::isinstance<py::str>(result)) {
     run.refused = result.cast<std::string>();

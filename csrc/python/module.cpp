@@ -426,12 +426,12 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("capture_abort", &capture_abort);
   m.def("capture_end", [](const py::sequence& inputs, const py::sequence& outputs,
-                          const std::vector<std::pair<int, int>>& updates) -> py::object {
+                          const std::vector<std::pair<int, int>>& updates, const std::vector<int>& vouched) -> py::object {
     auto ins = tensors_of(inputs), outs = tensors_of(outputs);
     CapturePtr capture;
     {
       py::gil_scoped_release release;
-      capture = capture_end(ins, outs, updates);
+      capture = capture_end(ins, outs, updates, vouched);
     }
     if (!capture) return py::none();
     std::vector<at::Tensor> first;
@@ -442,7 +442,7 @@ PYBIND11_MODULE(_C, m) {
     py::list result(first.size());
     for (size_t i = 0; i < first.size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(first[i]));
     return py::make_tuple(py::cast(CaptureHandle{capture}), result);
-  });
+  }, py::arg("inputs"), py::arg("outputs"), py::arg("updates"), py::arg("vouched") = std::vector<int>{});
   // The FX outputs (None for non-tensor ones), or None when the inputs do not fit.
   m.def("run_captured", [](const CaptureHandle& handle, const py::sequence& inputs) -> py::object {
     auto ins = tensors_of(inputs);
