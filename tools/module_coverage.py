@@ -21,7 +21,10 @@ Optimizers (entries `Name[i]` for OptimizerInfo config i of optim_inputs_func, p
 on CPU): a seeded model (Linear(5, 4) for dense gradients, Embedding(10, 4, sparse=True) for
 sparse ones) built on CPU and deepcopied to tpu, STEPS steps with a closure (loss = sum of
 squares of the output of fixed inputs), then the parameters, the param_groups' settings and
-every optimizer-state entry are compared (at the modules' default tolerance). The `fwd` column holds the optimizer's status; `bwd` is n/a.
+every optimizer-state entry are compared (at the modules' default tolerance). A float32 entry
+that misses passes when tpu's parameters are at most twice as far from a float64 CPU run of the
+same steps as CPU's float32 ones (LBFGS branches on vanishing dot products: CPU's own result moves
+past the tolerance between MKL's AVX2 and AVX-512 paths). The `fwd` column holds the optimizer's status; `bwd` is n/a.
 
 Statuses are op_coverage's: pass, fallback (passes but torchtpu.metrics.counters()
 ["fallback_ops"] grew), fail (first reason recorded), crash, timeout, n/a.
@@ -303,6 +306,33 @@ class _Worker(oc._Worker):
             optimizer.step(closure)
         return model, optimizer
 
+    def _as_accurate_as_cpu(self, info, config, variant, sparse, cpu_model, tpu_model) -> str:
+        """A float32 mismatch judged against a float64 CPU run: '' unless tpu's parameters are as close to it as CPU's own.
+
+        Optimizers that branch on vanishing float32 dot products (LBFGS's curvature test and
+        step ratios) amplify summation-order noise: CPU's own result moves by more than the
+        elementwise tolerance when MKL takes its AVX2 instead of its AVX-512 path (LBFGS[2]:
+        parameters 3.4e-5 apart, tpu vs CPU 1.1e-6). Such an entry passes when, against the
+        same steps in float64, tpu's float32 error is at most twice CPU's float32 error (with
+        a 1e-6 floor for entries where CPU is exact).
+        """
+        torch = self.torch
+        try:
+            model, data = self._optim_model(info, sparse)
+            if sparse:
+                return ""
+            reference, _ = self._optim_run(info, config, variant, model.double(), data.double(), "cpu")
+        except Exception:  # noqa: BLE001
+            return ""
+        worst = 0.0
+        for (name, exact), cpu, tpu in zip(reference.named_parameters(), cpu_model.parameters(), tpu_model.parameters()):
+            cpu_error = (cpu.detach().double() - exact.detach()).abs().max().item()
+            tpu_error = (tpu.detach().cpu().double() - exact.detach()).abs().max().item()
+            if not tpu_error <= 2 * cpu_error + 1e-6:
+                return ""
+            worst = max(worst, tpu_error / max(cpu_error, 1e-12))
+        return f"as accurate as CPU against float64 (tpu/CPU error <= {worst:.2f})"
+
     def run_optim(self, info, config_index, variant, progress):
         torch = self.torch
         config = info.optim_inputs_func(device="cpu")[config_index]
@@ -343,6 +373,9 @@ class _Worker(oc._Worker):
             result["fwd"] = "pass"
         except oc.Mismatch as error:
             result["fwd"], result["reason"] = "fail", oc._short(f"mismatch: {error}")
+            accurate = self._as_accurate_as_cpu(info, config, variant, sparse, cpu_model, tpu_model)
+            if accurate:
+                result["fwd"], result["reason"] = "pass", oc._short(f"{accurate} (elementwise: {error})")
         except Exception as error:  # noqa: BLE001
             result["fwd"], result["reason"] = "fail", oc._error("tpu raised", error)
             self.recover()
@@ -406,7 +439,8 @@ def floor_header(kind: str) -> str:
     what = ("ModuleInfo modules (module_db) that pass on tpu against CPU. Columns: ModuleInfo name, sample\n"
             "# dtype, forward (outputs and buffers), backward (input and parameter gradients)"
             if kind == "modules" else
-            "OptimizerInfo configs (optim_db) whose parameters and state match CPU's after a few steps.\n"
+            "OptimizerInfo configs (optim_db) whose parameters and state match CPU's after a few steps\n"
+            "# (or, float32 entries that miss, whose parameters are as close to a float64 CPU run as CPU's: LBFGS).\n"
             "# Columns: Name[i] (config i of optim_inputs_func) with .foreach / .fused / .sparse for that\n"
             "# implementation, dtype, status, and '-' (optimizers have no backward column)")
     return f"""\
