@@ -83,8 +83,8 @@ V advanced_positions(LoweringContext& ctx, const Node& node, const V& x, int arg
     IndexCheck bounds = bounds_check(static_cast<int64_t>(k), shape[dims[k]], true, RuntimeCheck::Error::Index);
     V i = checked_index(ctx, idx[k], shape[dims[k]], it, check ? &bounds : nullptr);
     i = ctx.broadcast_to(i, b);
-    if (strides[dims[k]] != 1) i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(strides[dims[k]], it, b));
-    total = ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(i, out, b_dims));
+    if (strides[dims[k]] != 1) i = ctx.binary(Hlo::Multiply, i, ctx.constant_int(strides[dims[k]], it, b));
+    total = ctx.binary(Hlo::Add, total, ctx.broadcast_in_dim(i, out, b_dims));
   }
   return total;
 }
@@ -130,14 +130,14 @@ bool lower_mask_put(LoweringContext& ctx, const Node& node, const V& x, bool acc
   for (int64_t d = k; d < k + m; ++d) mask_dims.push_back(d);
   if (n > 1 && mask.type.numel() > 0) {
     int64_t count = mask.type.numel();
-    V running = ctx.binary("stablehlo.subtract", cumsum_1d(ctx, ctx.convert(ctx.reshape(mask, {count}), it)),
+    V running = ctx.binary(Hlo::Subtract, cumsum_1d(ctx, ctx.convert(ctx.reshape(mask, {count}), it)),
                            ctx.constant_int(1, it, {count}));
-    running = ctx.binary("stablehlo.maximum", running, ctx.constant_int(0, it, {count}));
-    running = ctx.binary("stablehlo.multiply", running, ctx.constant_int(vstrides[k], it, {count}));
-    pos = ctx.binary("stablehlo.add", pos, ctx.broadcast_in_dim(ctx.reshape(running, mask.type.shape), shape, mask_dims));
+    running = ctx.binary(Hlo::Maximum, running, ctx.constant_int(0, it, {count}));
+    running = ctx.binary(Hlo::Multiply, running, ctx.constant_int(vstrides[k], it, {count}));
+    pos = ctx.binary(Hlo::Add, pos, ctx.broadcast_in_dim(ctx.reshape(running, mask.type.shape), shape, mask_dims));
   }
   V update = ctx.reshape(gather_linear(ctx, values, pos), shape);
-  if (accumulate) update = ctx.binary(x.type.dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add", x, update);
+  if (accumulate) update = ctx.binary(x.type.dtype == DType::Bool ? Hlo::Or : Hlo::Add, x, update);
   ctx.set_result(ctx.select(ctx.broadcast_in_dim(mask, shape, mask_dims), update, x));
   return true;
 }
@@ -150,8 +150,8 @@ void lower_index_put(LoweringContext& ctx, const Node& node) {
   V pos = advanced_positions(ctx, node, x, 1, &shape);
   V values = to_type(ctx, ctx.input(node, 2), x.type.dtype, shape);
   bool accumulate = node.args.size() > 3 && node.args[3].as_bool();
-  const char* add = x.type.dtype == DType::Bool ? "stablehlo.or" : "stablehlo.add";
-  ctx.set_result(scatter_linear(ctx, x, pos, values, accumulate ? add : nullptr));
+  Hlo add = x.type.dtype == DType::Bool ? Hlo::Or : Hlo::Add;
+  ctx.set_result(scatter_linear(ctx, x, pos, values, accumulate ? std::optional<Hlo>(add) : std::nullopt));
 }
 
 // Positions for gather/scatter along `dim`: element p of `index` addresses
@@ -171,8 +171,8 @@ V along_dim_positions(LoweringContext& ctx, const V& self, int64_t dim, const V&
     if (static_cast<int64_t>(d) != dim) coefs[d] = strides[d];
   V total = affine_index(ctx, shape, coefs, 0, it);
   V i = checked_index(ctx, index, size, it, &bounds);
-  if (strides[dim] != 1) i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(strides[dim], it, shape));
-  return ctx.binary("stablehlo.add", total, i);
+  if (strides[dim] != 1) i = ctx.binary(Hlo::Multiply, i, ctx.constant_int(strides[dim], it, shape));
+  return ctx.binary(Hlo::Add, total, i);
 }
 
 // gather(self, dim, index, sparse_grad)
@@ -203,17 +203,17 @@ void lower_index_select(LoweringContext& ctx, const Node& node) {
   coefs[dim] = 0;
   V total = affine_index(ctx, out.shape, coefs, 0, it);
   V i = checked_index(ctx, ctx.reshape(index, {out.shape[dim]}), x.type.shape[dim], it, &range);
-  if (strides[dim] != 1) i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(strides[dim], it, i.type.shape));
-  total = ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(i, out.shape, {dim}));
+  if (strides[dim] != 1) i = ctx.binary(Hlo::Multiply, i, ctx.constant_int(strides[dim], it, i.type.shape));
+  total = ctx.binary(Hlo::Add, total, ctx.broadcast_in_dim(i, out.shape, {dim}));
   ctx.set_result(gather_linear(ctx, x, total));
 }
 
-const char* combiner(const std::string& reduce, DType dtype) {
+Hlo combiner(const std::string& reduce, DType dtype) {
   bool is_bool = dtype == DType::Bool;
-  if (reduce == "add" || reduce == "sum" || reduce == "mean") return is_bool ? "stablehlo.or" : "stablehlo.add";
-  if (reduce == "multiply" || reduce == "prod") return is_bool ? "stablehlo.and" : "stablehlo.multiply";
-  if (reduce == "amax") return is_bool ? "stablehlo.or" : "stablehlo.maximum";
-  if (reduce == "amin") return is_bool ? "stablehlo.and" : "stablehlo.minimum";
+  if (reduce == "add" || reduce == "sum" || reduce == "mean") return is_bool ? Hlo::Or : Hlo::Add;
+  if (reduce == "multiply" || reduce == "prod") return is_bool ? Hlo::And : Hlo::Multiply;
+  if (reduce == "amax") return is_bool ? Hlo::Or : Hlo::Maximum;
+  if (reduce == "amin") return is_bool ? Hlo::And : Hlo::Minimum;
   throw std::invalid_argument("torchtpu: unknown scatter reduction " + reduce);
 }
 
@@ -237,7 +237,7 @@ void lower_scatter(LoweringContext& ctx, const Node& node) {
   int64_t dim = wrap_dim(node.args[1].i, x.type.rank());
   V index = ctx.input(node, 2);
   V updates = scatter_updates(ctx, node, 3, index, x.type.dtype);
-  const char* combine = nullptr;
+  std::optional<Hlo> combine;
   if (rule_param<Scatter>(node) == Scatter::Add) combine = combiner("add", x.type.dtype);
   if (node.args.size() > 4 && node.args[4].kind == Arg::Kind::String) combine = combiner(node.args[4].s, x.type.dtype);
   ctx.set_result(scatter_linear(ctx, x, along_dim_positions(ctx, x, dim, index), updates, combine));
@@ -264,16 +264,16 @@ void lower_scatter_reduce(LoweringContext& ctx, const Node& node) {
   V result = scatter_linear(ctx, base, pos, updates, combiner(reduce, dt));
   if (reduce == "mean") {
     V count = ctx.constant(include_self ? 1 : 0, dt, x.type.shape);
-    count = scatter_linear(ctx, count, pos, ctx.constant(1, dt, index.type.shape), "stablehlo.add");
+    count = scatter_linear(ctx, count, pos, ctx.constant(1, dt, index.type.shape), Hlo::Add);
     V zero = ctx.constant(0, dt, x.type.shape);
-    count = ctx.select(ctx.compare("EQ", count, zero), ctx.constant(1, dt, x.type.shape), count);
-    V q = ctx.binary("stablehlo.divide", result, count);
+    count = ctx.select(ctx.compare(Cmp::EQ, count, zero), ctx.constant(1, dt, x.type.shape), count);
+    V q = ctx.binary(Hlo::Divide, result, count);
     if (!is_floating(dt)) {
       // floor division (PyTorch's integer mean); counts are positive
-      V r = ctx.binary("stablehlo.remainder", result, count);
-      V adjust = ctx.emit("stablehlo.and", {ctx.compare("NE", r, zero), ctx.compare("LT", r, zero)},
+      V r = ctx.binary(Hlo::Remainder, result, count);
+      V adjust = ctx.emit(Hlo::And, {ctx.compare(Cmp::NE, r, zero), ctx.compare(Cmp::LT, r, zero)},
                           TensorType{x.type.shape, DType::Bool});
-      q = ctx.select(adjust, ctx.binary("stablehlo.subtract", q, ctx.constant(1, dt, x.type.shape)), q);
+      q = ctx.select(adjust, ctx.binary(Hlo::Subtract, q, ctx.constant(1, dt, x.type.shape)), q);
     }
     result = q;
   }
@@ -288,7 +288,7 @@ void lower_index_add(LoweringContext& ctx, const Node& node) {
   if (node.args.size() > 4 && !node.args[4].is_none()) {
     const Arg& alpha = node.args[4];
     if (!alpha.is_constant(1.0))
-      source = ctx.binary("stablehlo.multiply", source, ctx.broadcast_to(ctx.scalar(node, 4, dt), source.type.shape));
+      source = ctx.binary(Hlo::Multiply, source, ctx.broadcast_to(ctx.scalar(node, 4, dt), source.type.shape));
   }
   IndexCheck range = range_check();
   if (x.type.rank() == 0) {
@@ -307,8 +307,8 @@ void lower_index_add(LoweringContext& ctx, const Node& node) {
   if (src_shape.empty()) src_shape = {1};
   V total = affine_index(ctx, src_shape, coefs, 0, it);
   V i = checked_index(ctx, ctx.reshape(ctx.input(node, 2), {src_shape[dim]}), x.type.shape[dim], it, &range);
-  if (strides[dim] != 1) i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(strides[dim], it, i.type.shape));
-  total = ctx.binary("stablehlo.add", total, ctx.broadcast_in_dim(i, src_shape, {dim}));
+  if (strides[dim] != 1) i = ctx.binary(Hlo::Multiply, i, ctx.constant_int(strides[dim], it, i.type.shape));
+  total = ctx.binary(Hlo::Add, total, ctx.broadcast_in_dim(i, src_shape, {dim}));
   ctx.set_result(scatter_linear(ctx, x, total, ctx.reshape(source, src_shape), combiner("add", dt)));
 }
 
@@ -327,11 +327,11 @@ V cumsum_1d(LoweringContext& ctx, const V& x) {
   int64_t n = x.type.shape[0];
   TensorType scalar{{}, x.type.dtype};
   std::string body = ctx.region({scalar, scalar}, [&](const std::vector<V>& args) {
-    return std::vector<V>{ctx.binary("stablehlo.add", args[0], args[1])};
+    return std::vector<V>{ctx.binary(Hlo::Add, args[0], args[1])};
   });
   std::string attrs = "padding = dense<[[" + std::to_string(n - 1) + ", 0]]> : tensor<1x2xi64>, window_dimensions = " +
                       format_dims({n});
-  return ctx.emit("stablehlo.reduce_window", {x, ctx.constant(0, x.type.dtype)}, x.type, attrs, body);
+  return ctx.emit(Hlo::ReduceWindow, {x, ctx.constant(0, x.type.dtype)}, x.type, attrs, body);
 }
 
 // masked_scatter(self, mask, source): the i-th true position takes source.flatten()[i].
@@ -346,12 +346,12 @@ void lower_masked_scatter(LoweringContext& ctx, const Node& node) {
   }
   DType it = index_dtype(std::max(out.numel(), source.type.numel()) + 1);
   V flat_mask = ctx.reshape(mask, {out.numel()});
-  V count = ctx.reduce(ctx.convert(flat_mask, DType::Int64), {0}, ctx.constant_int(0, DType::Int64), "stablehlo.add");
-  ctx.check(ctx.compare("GT", count, ctx.constant_int(source.type.numel(), DType::Int64)), V{},
+  V count = ctx.reduce(ctx.convert(flat_mask, DType::Int64), {0}, ctx.constant_int(0, DType::Int64), Hlo::Add);
+  ctx.check(ctx.compare(Cmp::GT, count, ctx.constant_int(source.type.numel(), DType::Int64)), V{},
             RuntimeCheck{RuntimeCheck::Error::Runtime, "Number of elements of source < number of ones in mask"});
-  V pos = ctx.binary("stablehlo.subtract", cumsum_1d(ctx, ctx.convert(flat_mask, it)),
+  V pos = ctx.binary(Hlo::Subtract, cumsum_1d(ctx, ctx.convert(flat_mask, it)),
                      ctx.constant_int(1, it, {out.numel()}));
-  pos = ctx.binary("stablehlo.maximum", pos, ctx.constant_int(0, it, {out.numel()}));
+  pos = ctx.binary(Hlo::Maximum, pos, ctx.constant_int(0, it, {out.numel()}));
   V taken = ctx.reshape(gather_linear(ctx, source, pos), out.shape);
   ctx.set_result(ctx.select(mask, ctx.convert(taken, out.dtype), x));
 }
@@ -369,10 +369,10 @@ void lower_masked_scatter_backward(LoweringContext& ctx, const Node& node) {
   }
   DType it = index_dtype(std::max(n, out.numel()) + 1);
   V flat_mask = ctx.reshape(mask, {n});
-  V pos = ctx.binary("stablehlo.subtract", cumsum_1d(ctx, ctx.convert(flat_mask, it)), ctx.constant_int(1, it, {n}));
+  V pos = ctx.binary(Hlo::Subtract, cumsum_1d(ctx, ctx.convert(flat_mask, it)), ctx.constant_int(1, it, {n}));
   // Unselected elements go out of bounds, which scatter drops.
   pos = ctx.select(flat_mask, pos, ctx.constant_int(out.numel(), it, {n}));
-  ctx.set_result(scatter_linear(ctx, zeros, pos, ctx.reshape(ctx.convert(grad, out.dtype), {n}), "stablehlo.add"));
+  ctx.set_result(scatter_linear(ctx, zeros, pos, ctx.reshape(ctx.convert(grad, out.dtype), {n}), Hlo::Add));
 }
 
 // embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse): rows of weight.
@@ -389,8 +389,8 @@ void lower_embedding(LoweringContext& ctx, const Node& node) {
   for (int64_t d = 0; d < idx.type.rank(); ++d) lead.push_back(d);
   IndexCheck range = range_check();
   V i = checked_index(ctx, idx, rows, it, &range);
-  i = ctx.binary("stablehlo.multiply", i, ctx.constant_int(width, it, i.type.shape));
-  pos = ctx.binary("stablehlo.add", pos, ctx.broadcast_in_dim(i, out.shape, lead));
+  i = ctx.binary(Hlo::Multiply, i, ctx.constant_int(width, it, i.type.shape));
+  pos = ctx.binary(Hlo::Add, pos, ctx.broadcast_in_dim(i, out.shape, lead));
   ctx.set_result(gather_linear(ctx, w, pos));
 }
 
@@ -408,19 +408,19 @@ void lower_embedding_backward(LoweringContext& ctx, const Node& node) {
   V flat_idx = checked_index(ctx, ctx.reshape(idx, {n}), rows, it, nullptr);  // embedding checked them
   std::vector<int64_t> gshape{n, width};
   if (padding_idx >= 0) {
-    V keep = ctx.compare("NE", flat_idx, ctx.constant_int(padding_idx, it, {n}));
+    V keep = ctx.compare(Cmp::NE, flat_idx, ctx.constant_int(padding_idx, it, {n}));
     grad = ctx.select(ctx.broadcast_in_dim(keep, gshape, {0}), grad, ctx.constant(0, out.dtype, gshape));
   }
   if (scale && n > 0) {
     V counts = scatter_linear(ctx, ctx.constant(0, out.dtype, {rows}), flat_idx, ctx.constant(1, out.dtype, {n}),
-                              "stablehlo.add");
+                              Hlo::Add);
     V per = gather_linear(ctx, counts, flat_idx);
-    grad = ctx.binary("stablehlo.divide", grad, ctx.broadcast_in_dim(per, gshape, {0}));
+    grad = ctx.binary(Hlo::Divide, grad, ctx.broadcast_in_dim(per, gshape, {0}));
   }
-  V pos = ctx.binary("stablehlo.add", affine_index(ctx, gshape, {0, 1}, 0, it),
-                     ctx.broadcast_in_dim(ctx.binary("stablehlo.multiply", flat_idx, ctx.constant_int(width, it, {n})),
+  V pos = ctx.binary(Hlo::Add, affine_index(ctx, gshape, {0, 1}, 0, it),
+                     ctx.broadcast_in_dim(ctx.binary(Hlo::Multiply, flat_idx, ctx.constant_int(width, it, {n})),
                                           gshape, {0}));
-  ctx.set_result(scatter_linear(ctx, ctx.constant(0, out.dtype, out.shape), pos, grad, "stablehlo.add"));
+  ctx.set_result(scatter_linear(ctx, ctx.constant(0, out.dtype, out.shape), pos, grad, Hlo::Add));
 }
 
 // Sorts x along dim (stable); returns (values, int64 indices). NaN sorts as the largest value.
@@ -433,15 +433,15 @@ std::vector<V> sort_along(LoweringContext& ctx, const V& x, int64_t dim, bool de
     V lhs = a[0], rhs = a[1];
     V less = ctx.compare(descending ? "GT" : "LT", lhs, rhs);
     if (fp) {
-      V lhs_nan = ctx.compare("NE", lhs, lhs), rhs_nan = ctx.compare("NE", rhs, rhs);
+      V lhs_nan = ctx.compare(Cmp::NE, lhs, lhs), rhs_nan = ctx.compare(Cmp::NE, rhs, rhs);
       // ascending: non-NaN before NaN; descending: NaN first.
-      V nan_order = descending ? ctx.emit("stablehlo.and", {lhs_nan, ctx.unary("stablehlo.not", rhs_nan)}, lhs_nan.type)
-                               : ctx.emit("stablehlo.and", {rhs_nan, ctx.unary("stablehlo.not", lhs_nan)}, lhs_nan.type);
-      less = ctx.emit("stablehlo.or", {less, nan_order}, less.type);
+      V nan_order = descending ? ctx.emit(Hlo::And, {lhs_nan, ctx.unary(Hlo::Not, rhs_nan)}, lhs_nan.type)
+                               : ctx.emit(Hlo::And, {rhs_nan, ctx.unary(Hlo::Not, lhs_nan)}, lhs_nan.type);
+      less = ctx.emit(Hlo::Or, {less, nan_order}, less.type);
     }
     return std::vector<V>{less};
   });
-  return ctx.emit_multi("stablehlo.sort", {x, iota}, {x.type, index_type},
+  return ctx.emit_multi(Hlo::Sort, {x, iota}, {x.type, index_type},
                         "dimension = " + std::to_string(dim) + " : i64, is_stable = true", body);
 }
 
@@ -485,13 +485,13 @@ void lower_one_hot(LoweringContext& ctx, const Node& node) {
   V idx = ctx.convert(ctx.input(node, 0), DType::Int64);
   // CPU checks the smallest class first, then the largest.
   const auto& shape = idx.type.shape;
-  ctx.check(ctx.compare("LT", idx, ctx.constant_int(0, DType::Int64, shape)), idx,
+  ctx.check(ctx.compare(Cmp::LT, idx, ctx.constant_int(0, DType::Int64, shape)), idx,
             RuntimeCheck{RuntimeCheck::Error::Runtime, "Class values must be non-negative."});
-  ctx.check(ctx.compare("GE", idx, ctx.constant_int(out.shape.back(), DType::Int64, shape)), idx,
+  ctx.check(ctx.compare(Cmp::GE, idx, ctx.constant_int(out.shape.back(), DType::Int64, shape)), idx,
             RuntimeCheck{RuntimeCheck::Error::Runtime, "Class values must be smaller than num_classes."});
   std::vector<int64_t> lead;
   for (int64_t d = 0; d < idx.type.rank(); ++d) lead.push_back(d);
-  V hot = ctx.compare("EQ", ctx.broadcast_in_dim(idx, out.shape, lead),
+  V hot = ctx.compare(Cmp::EQ, ctx.broadcast_in_dim(idx, out.shape, lead),
                       ctx.iota(TensorType{out.shape, DType::Int64}, out.rank() - 1));
   ctx.set_result(ctx.convert(hot, out.dtype));
 }

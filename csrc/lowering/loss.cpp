@@ -6,9 +6,9 @@
 namespace torchtpu {
 namespace {
 
-V mul(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.multiply", a, b); }
-V sub(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.subtract", a, b); }
-V div(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary("stablehlo.divide", a, b); }
+V mul(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary(Hlo::Multiply, a, b); }
+V sub(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary(Hlo::Subtract, a, b); }
+V div(LoweringContext& ctx, const V& a, const V& b) { return ctx.binary(Hlo::Divide, a, b); }
 V full(LoweringContext& ctx, double v, const V& like) { return ctx.constant(v, like.type.dtype, like.type.shape); }
 DType acc_dtype(DType t) { return t == DType::BFloat16 || t == DType::Float16 ? DType::Float32 : t; }
 
@@ -23,7 +23,7 @@ V reduce_loss(LoweringContext& ctx, const V& loss, int64_t reduction, const Tens
   if (reduction == 0) return ctx.convert(loss, out.dtype);
   V total = sum_dims(ctx, loss, all_dims(loss.type.rank()));
   if (reduction == 1)
-    total = ctx.binary("stablehlo.divide", total, ctx.constant(static_cast<double>(loss.type.numel()), total.type.dtype));
+    total = ctx.binary(Hlo::Divide, total, ctx.constant(static_cast<double>(loss.type.numel()), total.type.dtype));
   return ctx.reshape(ctx.convert(total, out.dtype), out.shape);
 }
 
@@ -65,14 +65,14 @@ NllParts nll_parts(LoweringContext& ctx, const Node& node, int self_arg, DType d
   V t = ctx.convert(target, DType::Int64);
   if (check_targets) {
     const auto& ts = t.type.shape;
-    V below = ctx.compare("LT", t, ctx.constant_int(0, DType::Int64, ts));
-    V above = ctx.compare("GE", t, ctx.constant_int(C, DType::Int64, ts));
-    V counted = ctx.compare("NE", t, ctx.constant_int(ignore, DType::Int64, ts));
-    V bad = ctx.emit("stablehlo.and", {counted, ctx.emit("stablehlo.or", {below, above}, below.type)}, below.type);
+    V below = ctx.compare(Cmp::LT, t, ctx.constant_int(0, DType::Int64, ts));
+    V above = ctx.compare(Cmp::GE, t, ctx.constant_int(C, DType::Int64, ts));
+    V counted = ctx.compare(Cmp::NE, t, ctx.constant_int(ignore, DType::Int64, ts));
+    V bad = ctx.emit(Hlo::And, {counted, ctx.emit(Hlo::Or, {below, above}, below.type)}, below.type);
     ctx.check(bad, t, RuntimeCheck{RuntimeCheck::Error::Index, "Target {} is out of bounds."});
   }
   V classes = ctx.iota(TensorType{shape, DType::Int64}, p.class_dim);
-  p.onehot = ctx.compare("EQ", classes, ctx.broadcast_in_dim(t, shape, target_dims));
+  p.onehot = ctx.compare(Cmp::EQ, classes, ctx.broadcast_in_dim(t, shape, target_dims));
   V w;
   if (ctx.has_input(node, weight_arg)) {
     V wb = ctx.broadcast_in_dim(ctx.convert(ctx.input(node, weight_arg), dtype), shape, {p.class_dim});
@@ -80,7 +80,7 @@ NllParts nll_parts(LoweringContext& ctx, const Node& node, int self_arg, DType d
   } else {
     w = ctx.constant(1, dtype, t.type.shape);
   }
-  p.kept = ctx.compare("NE", t, ctx.constant_int(ignore, DType::Int64, t.type.shape));
+  p.kept = ctx.compare(Cmp::NE, t, ctx.constant_int(ignore, DType::Int64, t.type.shape));
   p.weight = ctx.select(p.kept, w, ctx.constant(0, dtype, t.type.shape));
   return p;
 }
@@ -93,7 +93,7 @@ void lower_nll_loss(LoweringContext& ctx, const Node& node) {
   NllParts p = nll_parts(ctx, node, 0, acc, /*check_targets=*/true);
   int64_t reduction = node.args[3].as_int();
   V picked = sum_dims(ctx, ctx.select(p.onehot, self, full(ctx, 0, self)), {p.class_dim});
-  V loss = ctx.unary("stablehlo.negate", mul(ctx, picked, p.weight));
+  V loss = ctx.unary(Hlo::Negate, mul(ctx, picked, p.weight));
   V total_weight = sum_dims(ctx, p.weight, all_dims(p.weight.type.rank()));
   V output;
   if (reduction == 0) {
@@ -128,7 +128,7 @@ void lower_nll_loss_backward(LoweringContext& ctx, const Node& node) {
   std::vector<int64_t> target_dims;
   for (int64_t i = 0; i < out.rank(); ++i)
     if (i != p.class_dim) target_dims.push_back(i);
-  V gb = ctx.broadcast_in_dim(ctx.unary("stablehlo.negate", g), out.shape, target_dims);
+  V gb = ctx.broadcast_in_dim(ctx.unary(Hlo::Negate, g), out.shape, target_dims);
   ctx.set_result(ctx.convert(ctx.select(p.onehot, gb, ctx.constant(0, acc, out.shape)), out.dtype));
 }
 
@@ -140,24 +140,24 @@ enum class Loss : uint8_t { Mse, SmoothL1, Huber };
 V elementwise_loss(LoweringContext& ctx, Loss kind, const V& x, const V& t, double param) {
   V d = sub(ctx, x, t);
   if (kind == Loss::Mse) return mul(ctx, d, d);
-  V z = ctx.unary("stablehlo.abs", d);
+  V z = ctx.unary(Hlo::Abs, d);
   if (kind == Loss::SmoothL1) {
     if (param == 0) return z;
     V quad = div(ctx, mul(ctx, full(ctx, 0.5, z), mul(ctx, z, z)), full(ctx, param, z));
-    return ctx.select(ctx.compare("LT", z, full(ctx, param, z)), quad, sub(ctx, z, full(ctx, 0.5 * param, z)));
+    return ctx.select(ctx.compare(Cmp::LT, z, full(ctx, param, z)), quad, sub(ctx, z, full(ctx, 0.5 * param, z)));
   }
   // huber
   V quad = mul(ctx, full(ctx, 0.5, z), mul(ctx, z, z));
   V lin = mul(ctx, full(ctx, param, z), sub(ctx, z, full(ctx, 0.5 * param, z)));
-  return ctx.select(ctx.compare("LT", z, full(ctx, param, z)), quad, lin);
+  return ctx.select(ctx.compare(Cmp::LT, z, full(ctx, param, z)), quad, lin);
 }
 
 // d loss / d x (before the incoming gradient).
 V elementwise_loss_grad(LoweringContext& ctx, Loss kind, const V& x, const V& t, double param) {
   V d = sub(ctx, x, t);
   if (kind == Loss::Mse) return mul(ctx, full(ctx, 2, d), d);
-  V lo = ctx.compare("LE", d, full(ctx, -param, d));
-  V hi = ctx.compare("GE", d, full(ctx, param, d));
+  V lo = ctx.compare(Cmp::LE, d, full(ctx, -param, d));
+  V hi = ctx.compare(Cmp::GE, d, full(ctx, param, d));
   V mid = kind == Loss::SmoothL1 ? div(ctx, d, full(ctx, param, d)) : d;
   double edge = kind == Loss::SmoothL1 ? 1.0 : param;
   return ctx.select(lo, full(ctx, -edge, d), ctx.select(hi, full(ctx, edge, d), mid));
@@ -194,10 +194,10 @@ void lower_bce(LoweringContext& ctx, const Node& node) {
   V x = ctx.input(node, 0);
   V t = ctx.convert(ctx.input(node, 1), x.type.dtype);
   V floor = full(ctx, -100, x);
-  V log_x = ctx.binary("stablehlo.maximum", ctx.unary("stablehlo.log", x), floor);
-  V log_1mx = ctx.binary("stablehlo.maximum", ctx.unary("stablehlo.log", sub(ctx, full(ctx, 1, x), x)), floor);
-  V loss = ctx.unary("stablehlo.negate",
-                     ctx.binary("stablehlo.add", mul(ctx, t, log_x), mul(ctx, sub(ctx, full(ctx, 1, t), t), log_1mx)));
+  V log_x = ctx.binary(Hlo::Maximum, ctx.unary(Hlo::Log, x), floor);
+  V log_1mx = ctx.binary(Hlo::Maximum, ctx.unary(Hlo::Log, sub(ctx, full(ctx, 1, x), x)), floor);
+  V loss = ctx.unary(Hlo::Negate,
+                     ctx.binary(Hlo::Add, mul(ctx, t, log_x), mul(ctx, sub(ctx, full(ctx, 1, t), t), log_1mx)));
   if (ctx.has_input(node, 2)) loss = mul(ctx, loss, to_type(ctx, ctx.input(node, 2), x.type.dtype, x.type.shape));
   ctx.set_result(reduce_loss(ctx, loss, node.args[3].as_int(), out));
 }
@@ -208,7 +208,7 @@ void lower_bce_backward(LoweringContext& ctx, const Node& node) {
   const TensorType& out = ctx.out(node);
   V x = ctx.convert(ctx.input(node, 1), out.dtype);
   V t = ctx.convert(ctx.input(node, 2), out.dtype);
-  V denom = ctx.binary("stablehlo.maximum", mul(ctx, x, sub(ctx, full(ctx, 1, x), x)), full(ctx, 1e-12, x));
+  V denom = ctx.binary(Hlo::Maximum, mul(ctx, x, sub(ctx, full(ctx, 1, x), x)), full(ctx, 1e-12, x));
   V r = div(ctx, sub(ctx, x, t), denom);
   if (ctx.has_input(node, 3)) r = mul(ctx, r, to_type(ctx, ctx.input(node, 3), out.dtype, out.shape));
   ctx.set_result(mul(ctx, r, loss_grad(ctx, ctx.input(node, 0), node.args[4].as_int(), out.dtype, out.shape)));
@@ -243,16 +243,16 @@ MarginParts margin_parts(LoweringContext& ctx, const Node& node, int self_arg, b
   m.x = ctx.reshape(self, shape);
   V t = ctx.reshape(ctx.convert(ctx.input(node, self_arg + 1), DType::Int64), {m.rows});
   if (check_targets) {
-    V below = ctx.compare("LT", t, ctx.constant_int(0, DType::Int64, {m.rows}));
-    V above = ctx.compare("GE", t, ctx.constant_int(m.classes, DType::Int64, {m.rows}));
-    ctx.check(ctx.binary("stablehlo.or", below, above), t, RuntimeCheck{RuntimeCheck::Error::Runtime, "target out of range"});
+    V below = ctx.compare(Cmp::LT, t, ctx.constant_int(0, DType::Int64, {m.rows}));
+    V above = ctx.compare(Cmp::GE, t, ctx.constant_int(m.classes, DType::Int64, {m.rows}));
+    ctx.check(ctx.binary(Hlo::Or, below, above), t, RuntimeCheck{RuntimeCheck::Error::Runtime, "target out of range"});
   }
-  m.onehot = ctx.compare("EQ", ctx.iota(TensorType{shape, DType::Int64}, 1), ctx.broadcast_in_dim(t, shape, {0}));
+  m.onehot = ctx.compare(Cmp::EQ, ctx.iota(TensorType{shape, DType::Int64}, 1), ctx.broadcast_in_dim(t, shape, {0}));
   V picked = sum_dims(ctx, ctx.select(m.onehot, m.x, ctx.constant(0, dt, shape)), {1});
   V margin = ctx.constant(node.args[self_arg + 3].as_double(), dt, shape);
-  m.z = ctx.binary("stablehlo.add", sub(ctx, margin, ctx.broadcast_in_dim(picked, shape, {0})), m.x);
-  m.active = ctx.binary("stablehlo.and", ctx.unary("stablehlo.not", m.onehot),
-                        ctx.compare("GT", m.z, ctx.constant(0, dt, shape)));
+  m.z = ctx.binary(Hlo::Add, sub(ctx, margin, ctx.broadcast_in_dim(picked, shape, {0})), m.x);
+  m.active = ctx.binary(Hlo::And, ctx.unary(Hlo::Not, m.onehot),
+                        ctx.compare(Cmp::GT, m.z, ctx.constant(0, dt, shape)));
   int weight_arg = self_arg + 4;
   if (ctx.has_input(node, weight_arg)) {
     V wb = ctx.broadcast_in_dim(ctx.input(node, weight_arg), shape, {1});
@@ -294,7 +294,7 @@ void lower_multi_margin_loss_backward(LoweringContext& ctx, const Node& node) {
   V h = node.args[3].as_int() == 1 ? gv : mul(ctx, mul(ctx, ctx.constant(2, xt.dtype, xt.shape), gv), m.z);
   if (!m.weight.name.empty()) h = mul(ctx, h, m.weight);
   h = ctx.select(m.active, h, ctx.constant(0, xt.dtype, xt.shape));
-  V target_grad = ctx.unary("stablehlo.negate", sum_dims(ctx, h, {1}));
+  V target_grad = ctx.unary(Hlo::Negate, sum_dims(ctx, h, {1}));
   V grad = ctx.select(m.onehot, ctx.broadcast_in_dim(target_grad, xt.shape, {0}), h);
   V go = ctx.input(node, 0);
   if (reduction == 0 && go.type.rank() > 0)
@@ -345,32 +345,32 @@ MultilabelParts multilabel_parts(LoweringContext& ctx, const Node& node, int sel
   m.x = ctx.reshape(self, row);
   V t = ctx.reshape(ctx.convert(ctx.input(node, self_arg + 1), DType::Int64), row);
   if (check_targets) {
-    V below = ctx.compare("LT", t, ctx.constant_int(-1, DType::Int64, row));
-    V above = ctx.compare("GE", t, ctx.constant_int(c, DType::Int64, row));
-    ctx.check(ctx.binary("stablehlo.or", below, above), t,
+    V below = ctx.compare(Cmp::LT, t, ctx.constant_int(-1, DType::Int64, row));
+    V above = ctx.compare(Cmp::GE, t, ctx.constant_int(c, DType::Int64, row));
+    ctx.check(ctx.binary(Hlo::Or, below, above), t,
               RuntimeCheck{RuntimeCheck::Error::Runtime, "argument #2 'target' is out of range"});
   }
   // Slot k holds a target when no slot up to k is negative (a running count of negatives).
   TensorType pair_ints{pairs, DType::Int64};
   V zeros = ctx.constant_int(0, DType::Int64, row);
-  V negatives = cumsum_along(ctx, ctx.select(ctx.compare("LT", t, zeros), ctx.constant_int(1, DType::Int64, row), zeros), 1);
-  V slot = ctx.broadcast_in_dim(ctx.compare("EQ", negatives, zeros), pairs, {0, 1});
-  m.picks = ctx.compare("EQ", ctx.broadcast_in_dim(t, pairs, {0, 1}), ctx.iota(pair_ints, 2));
+  V negatives = cumsum_along(ctx, ctx.select(ctx.compare(Cmp::LT, t, zeros), ctx.constant_int(1, DType::Int64, row), zeros), 1);
+  V slot = ctx.broadcast_in_dim(ctx.compare(Cmp::EQ, negatives, zeros), pairs, {0, 1});
+  m.picks = ctx.compare(Cmp::EQ, ctx.broadcast_in_dim(t, pairs, {0, 1}), ctx.iota(pair_ints, 2));
   if (!is_target->name.empty()) {
     *is_target = ctx.reshape(*is_target, row);
   } else {
-    V hits = ctx.select(ctx.binary("stablehlo.and", m.picks, slot), ctx.constant_int(1, DType::Int64, pairs),
+    V hits = ctx.select(ctx.binary(Hlo::And, m.picks, slot), ctx.constant_int(1, DType::Int64, pairs),
                         ctx.constant_int(0, DType::Int64, pairs));
-    V marks = ctx.compare("GT", sum_dims(ctx, hits, {1}), zeros);
+    V marks = ctx.compare(Cmp::GT, sum_dims(ctx, hits, {1}), zeros);
     *is_target = ctx.select(marks, ctx.constant(1, dt, row), ctx.constant(0, dt, row));
   }
-  V no_target = ctx.broadcast_in_dim(ctx.compare("EQ", *is_target, ctx.constant(0, dt, row)), pairs, {0, 2});
+  V no_target = ctx.broadcast_in_dim(ctx.compare(Cmp::EQ, *is_target, ctx.constant(0, dt, row)), pairs, {0, 2});
   V xd = ctx.broadcast_in_dim(m.x, pairs, {0, 2});
   // x[y_k] by selection (a product with a one-hot would turn a NaN elsewhere in the row into NaN).
   V target_score = sum_dims(ctx, ctx.select(m.picks, xd, ctx.constant(0, dt, pairs)), {2});
-  m.z = ctx.binary("stablehlo.add", sub(ctx, ctx.constant(1, dt, pairs), ctx.broadcast_in_dim(target_score, pairs, {0, 1})), xd);
-  m.active = ctx.binary("stablehlo.and", ctx.binary("stablehlo.and", slot, no_target),
-                        ctx.compare("GT", m.z, ctx.constant(0, dt, pairs)));
+  m.z = ctx.binary(Hlo::Add, sub(ctx, ctx.constant(1, dt, pairs), ctx.broadcast_in_dim(target_score, pairs, {0, 1})), xd);
+  m.active = ctx.binary(Hlo::And, ctx.binary(Hlo::And, slot, no_target),
+                        ctx.compare(Cmp::GT, m.z, ctx.constant(0, dt, pairs)));
   return m;
 }
 

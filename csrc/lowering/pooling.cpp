@@ -31,14 +31,14 @@ std::string argmax_body(LoweringContext& ctx, DType dt) {
   TensorType sv{{}, dt}, si{{}, DType::Int64};
   return ctx.region({sv, si, sv, si}, [&](const std::vector<V>& a) {
     V av = a[0], ai = a[1], bv = a[2], bi = a[3];
-    V b_nan = ctx.compare("NE", bv, bv), a_nan = ctx.compare("NE", av, av);
-    V gt = ctx.compare("GT", bv, av);
-    V eq = ctx.compare("EQ", bv, av);
-    V earlier = ctx.compare("LT", bi, ai);
-    V both_nan = ctx.binary("stablehlo.and", b_nan, a_nan);
-    V take = ctx.binary("stablehlo.or", gt, ctx.binary("stablehlo.and", eq, earlier));
-    take = ctx.binary("stablehlo.or", take, ctx.binary("stablehlo.and", b_nan, ctx.unary("stablehlo.not", a_nan)));
-    take = ctx.binary("stablehlo.or", take, ctx.binary("stablehlo.and", both_nan, ctx.compare("GT", bi, ai)));
+    V b_nan = ctx.compare(Cmp::NE, bv, bv), a_nan = ctx.compare(Cmp::NE, av, av);
+    V gt = ctx.compare(Cmp::GT, bv, av);
+    V eq = ctx.compare(Cmp::EQ, bv, av);
+    V earlier = ctx.compare(Cmp::LT, bi, ai);
+    V both_nan = ctx.binary(Hlo::And, b_nan, a_nan);
+    V take = ctx.binary(Hlo::Or, gt, ctx.binary(Hlo::And, eq, earlier));
+    take = ctx.binary(Hlo::Or, take, ctx.binary(Hlo::And, b_nan, ctx.unary(Hlo::Not, a_nan)));
+    take = ctx.binary(Hlo::Or, take, ctx.binary(Hlo::And, both_nan, ctx.compare(Cmp::GT, bi, ai)));
     return std::vector<V>{ctx.select(take, bv, av), ctx.select(take, bi, ai)};
   });
 }
@@ -78,8 +78,8 @@ std::vector<V> max_window_reduce(LoweringContext& ctx, const V& x, const MaxWind
   for (int k = 0; k < w.n; ++k) positions.push_back(ctx.iota(it, r - w.n + k));
   V flat = positions[0];
   for (int k = 1; k < w.n; ++k)
-    flat = ctx.binary("stablehlo.add",
-                      ctx.binary("stablehlo.multiply", flat, ctx.constant_int(w.in[k], DType::Int64, it.shape)),
+    flat = ctx.binary(Hlo::Add,
+                      ctx.binary(Hlo::Multiply, flat, ctx.constant_int(w.in[k], DType::Int64, it.shape)),
                       positions[k]);
   DType dt = x.type.dtype;
   std::string body = argmax_body(ctx, dt);
@@ -103,7 +103,7 @@ std::vector<V> max_window_reduce(LoweringContext& ctx, const V& x, const MaxWind
   std::string attrs = "window_dimensions = " + format_dims(dims) + ", window_strides = " + format_dims(strides) +
                       ", base_dilations = " + format_dims(base) + ", window_dilations = " + format_dims(wdil) +
                       ", padding = " + padding;
-  return ctx.emit_multi("stablehlo.reduce_window", {x, flat, init_v, init_i}, {out, idx_type}, attrs, body);
+  return ctx.emit_multi(Hlo::ReduceWindow, {x, flat, init_v, init_i}, {out, idx_type}, attrs, body);
 }
 
 // Which window positions of one axis fall inside the image for every output cell: position p
@@ -130,7 +130,7 @@ struct WindowPlanes {
 
   V i64(int64_t v) { return ctx.constant_int(v, DType::Int64, plane.shape); }
   V start(int axis) {
-    return ctx.binary("stablehlo.subtract", ctx.binary("stablehlo.multiply", ctx.iota(plane, axis), i64(w.s[axis])),
+    return ctx.binary(Hlo::Subtract, ctx.binary(Hlo::Multiply, ctx.iota(plane, axis), i64(w.s[axis])),
                       i64(w.lo[axis]));
   }
   V broadcast(const V& v) {
@@ -139,14 +139,14 @@ struct WindowPlanes {
   }
   V valid(int64_t i, int64_t j) {
     auto inside = [&](int axis, int64_t p) {
-      V at = ctx.binary("stablehlo.add", start(axis), i64(p * w.d[axis]));
-      return ctx.binary("stablehlo.and", ctx.compare("GE", at, i64(0)), ctx.compare("LT", at, i64(w.in[axis])));
+      V at = ctx.binary(Hlo::Add, start(axis), i64(p * w.d[axis]));
+      return ctx.binary(Hlo::And, ctx.compare(Cmp::GE, at, i64(0)), ctx.compare(Cmp::LT, at, i64(w.in[axis])));
     };
-    return broadcast(ctx.binary("stablehlo.and", inside(0, i), inside(1, j)));
+    return broadcast(ctx.binary(Hlo::And, inside(0, i), inside(1, j)));
   }
   // The flat input index of each cell's window start, (o_h*s_h - lo_h)*W + (o_w*s_w - lo_w).
   V window_start_index() {
-    return broadcast(ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", start(0), i64(w.in[1])), start(1)));
+    return broadcast(ctx.binary(Hlo::Add, ctx.binary(Hlo::Multiply, start(0), i64(w.in[1])), start(1)));
   }
 };
 
@@ -166,7 +166,7 @@ std::vector<V> max_window_unrolled(LoweringContext& ctx, const V& x, const MaxWi
     edge_lo[r - 2 + k] = w.lo[k];
     edge_hi[r - 2 + k] = w.hi[k];
   }
-  V xp = ctx.emit("stablehlo.pad", {x, lowest_scalar(ctx, dt)}, TensorType{padded, dt},
+  V xp = ctx.emit(Hlo::Pad, {x, lowest_scalar(ctx, dt)}, TensorType{padded, dt},
                   "edge_padding_high = " + format_dims(edge_hi) + ", edge_padding_low = " + format_dims(edge_lo) +
                       ", interior_padding = " + format_dims(std::vector<int64_t>(r, 0)));
   std::vector<bool> rows_inside = always_inside(w, 0), cols_inside = always_inside(w, 1);
@@ -195,16 +195,16 @@ std::vector<V> max_window_unrolled(LoweringContext& ctx, const V& x, const MaxWi
         best_offset = offset;
         seen = valid;
       } else {
-        V take = ctx.compare("GT", value, best);
-        if (is_floating(dt)) take = ctx.binary("stablehlo.or", take, ctx.compare("NE", value, value));
+        V take = ctx.compare(Cmp::GT, value, best);
+        if (is_floating(dt)) take = ctx.binary(Hlo::Or, take, ctx.compare(Cmp::NE, value, value));
         if (!all_seen) {
-          V first = ctx.unary("stablehlo.not", seen);
-          if (!valid.name.empty()) first = ctx.binary("stablehlo.and", first, valid);
-          take = ctx.binary("stablehlo.or", take, first);
+          V first = ctx.unary(Hlo::Not, seen);
+          if (!valid.name.empty()) first = ctx.binary(Hlo::And, first, valid);
+          take = ctx.binary(Hlo::Or, take, first);
         }
         best = ctx.select(take, value, best);
         best_offset = ctx.select(take, offset, best_offset);
-        if (!all_seen) seen = valid.name.empty() ? V{} : ctx.binary("stablehlo.or", seen, valid);
+        if (!all_seen) seen = valid.name.empty() ? V{} : ctx.binary(Hlo::Or, seen, valid);
       }
       if (!all_seen) {
         all_seen = true;
@@ -216,7 +216,7 @@ std::vector<V> max_window_unrolled(LoweringContext& ctx, const V& x, const MaxWi
           }
       }
     }
-  V index = ctx.binary("stablehlo.add", planes.window_start_index(), ctx.convert(best_offset, DType::Int64));
+  V index = ctx.binary(Hlo::Add, planes.window_start_index(), ctx.convert(best_offset, DType::Int64));
   return {best, ctx.convert(index, idx_type.dtype)};
 }
 
@@ -297,22 +297,22 @@ std::vector<V> max_over_cell_windows(LoweringContext& ctx, const V& x, const Cel
   V flat = i64(0), valid;
   for (int64_t a = 0; a < n; ++a) {
     int64_t in = x.type.shape[r - n + a];
-    V coord = ctx.binary("stablehlo.add", ctx.broadcast_in_dim(cells.start[a], big, cell_dims), ctx.iota(it, r + a));
-    V inside = ctx.compare("LT", coord, ctx.broadcast_in_dim(cells.end[a], big, cell_dims));
-    valid = a == 0 ? inside : ctx.binary("stablehlo.and", valid, inside);
-    coord = ctx.binary("stablehlo.minimum", coord, i64(in - 1));  // stays in the plane
-    flat = ctx.binary("stablehlo.add", ctx.binary("stablehlo.multiply", flat, i64(in)), coord);
+    V coord = ctx.binary(Hlo::Add, ctx.broadcast_in_dim(cells.start[a], big, cell_dims), ctx.iota(it, r + a));
+    V inside = ctx.compare(Cmp::LT, coord, ctx.broadcast_in_dim(cells.end[a], big, cell_dims));
+    valid = a == 0 ? inside : ctx.binary(Hlo::And, valid, inside);
+    coord = ctx.binary(Hlo::Minimum, coord, i64(in - 1));  // stays in the plane
+    flat = ctx.binary(Hlo::Add, ctx.binary(Hlo::Multiply, flat, i64(in)), coord);
   }
   std::vector<int64_t> plane_coefs(big.size(), 0), lead_strides =
       contiguous_strides(std::vector<int64_t>(x.type.shape.begin(), x.type.shape.end() - n));
   for (int64_t d = 0; d < r - n; ++d) plane_coefs[d] = lead_strides[d] * plane;
-  V linear = ctx.binary("stablehlo.add", affine_index(ctx, big, plane_coefs, 0, DType::Int64), flat);
+  V linear = ctx.binary(Hlo::Add, affine_index(ctx, big, plane_coefs, 0, DType::Int64), flat);
   DType dt = x.type.dtype;
   V vals = ctx.select(valid, gather_linear(ctx, x, linear), ctx.broadcast_to(lowest_scalar(ctx, dt), big));
   V idx = ctx.select(valid, flat, i64(std::numeric_limits<int64_t>::max()));
   V init_v = lowest_scalar(ctx, dt);
   V init_i = ctx.constant_int(std::numeric_limits<int64_t>::max(), DType::Int64);
-  std::vector<V> best = ctx.emit_multi("stablehlo.reduce", {vals, idx, init_v, init_i}, {out, {out.shape, DType::Int64}},
+  std::vector<V> best = ctx.emit_multi(Hlo::Reduce, {vals, idx, init_v, init_i}, {out, {out.shape, DType::Int64}},
                                        "dimensions = " + format_dims(window_dims), argmax_body(ctx, dt));
   return {best[0], ctx.convert(best[1], idx_type.dtype)};
 }
@@ -340,9 +340,9 @@ void lower_adaptive_max_pool(LoweringContext& ctx, const Node& node) {
   for (int a = 0; a < n; ++a) {
     int64_t d = r - n + a, in = x.type.shape[d], outn = out.shape[d];
     V o = ctx.iota(it, d);
-    cells.start.push_back(ctx.binary("stablehlo.divide", ctx.binary("stablehlo.multiply", o, i64(in)), i64(outn)));
-    V next = ctx.binary("stablehlo.multiply", ctx.binary("stablehlo.add", o, i64(1)), i64(in));
-    cells.end.push_back(ctx.binary("stablehlo.divide", ctx.binary("stablehlo.add", next, i64(outn - 1)), i64(outn)));
+    cells.start.push_back(ctx.binary(Hlo::Divide, ctx.binary(Hlo::Multiply, o, i64(in)), i64(outn)));
+    V next = ctx.binary(Hlo::Multiply, ctx.binary(Hlo::Add, o, i64(1)), i64(in));
+    cells.end.push_back(ctx.binary(Hlo::Divide, ctx.binary(Hlo::Add, next, i64(outn - 1)), i64(outn)));
     int64_t extent = 0;
     for (int64_t c = 0; c < outn; ++c) extent = std::max(extent, ((c + 1) * in + outn - 1) / outn - c * in / outn);
     cells.extent.push_back(extent);
@@ -395,14 +395,14 @@ void lower_fractional_max_pool(LoweringContext& ctx, const Node& node) {
       V alpha = e.div(e.k(static_cast<double>(in - k)), e.k(static_cast<double>(outn - 1)));
       V shifted = ctx.convert(e.mul(e.add(ctx.convert(o, dt), u), alpha), DType::Int32);
       V base = ctx.convert(e.mul(u, alpha), DType::Int32);
-      start = ctx.convert(ctx.binary("stablehlo.subtract", shifted, base), DType::Int64);
-      start = ctx.select(ctx.compare("EQ", o, ctx.constant_int(outn - 1, DType::Int64, out.shape)),
+      start = ctx.convert(ctx.binary(Hlo::Subtract, shifted, base), DType::Int64);
+      start = ctx.select(ctx.compare(Cmp::EQ, o, ctx.constant_int(outn - 1, DType::Int64, out.shape)),
                          ctx.constant_int(in - k, DType::Int64, out.shape), start);
     } else {
       start = ctx.constant_int(in - k, DType::Int64, out.shape);
     }
     cells.start.push_back(start);
-    cells.end.push_back(ctx.binary("stablehlo.add", start, ctx.constant_int(k, DType::Int64, out.shape)));
+    cells.end.push_back(ctx.binary(Hlo::Add, start, ctx.constant_int(k, DType::Int64, out.shape)));
     cells.extent.push_back(k);
   }
   ctx.set_results(max_over_cell_windows(ctx, x, cells, out, ctx.out(node, 1)));
@@ -423,11 +423,11 @@ V scatter_by_index(LoweringContext& ctx, const V& grad, const V& indices, const 
   V idx = ctx.convert(indices, DType::Int64);
   V flat = idx;
   for (int64_t d = r - n - 1, stride = hw; d >= 0; stride *= out.shape[d], --d)
-    flat = ctx.binary("stablehlo.add", flat,
-                      ctx.binary("stablehlo.multiply", ctx.iota(TensorType{cells, DType::Int64}, d), i64(stride)));
-  V inside = ctx.binary("stablehlo.and", ctx.compare("GE", idx, i64(0)), ctx.compare("LT", idx, i64(hw)));
+    flat = ctx.binary(Hlo::Add, flat,
+                      ctx.binary(Hlo::Multiply, ctx.iota(TensorType{cells, DType::Int64}, d), i64(stride)));
+  V inside = ctx.binary(Hlo::And, ctx.compare(Cmp::GE, idx, i64(0)), ctx.compare(Cmp::LT, idx, i64(hw)));
   flat = ctx.select(inside, flat, i64(out.numel()));
-  V summed = scatter_linear(ctx, ctx.constant(0, acc, out.shape), flat, ctx.convert(grad, acc), "stablehlo.add");
+  V summed = scatter_linear(ctx, ctx.constant(0, acc, out.shape), flat, ctx.convert(grad, acc), Hlo::Add);
   return ctx.convert(summed, out.dtype);
 }
 
@@ -488,7 +488,7 @@ void lower_im2col(LoweringContext& ctx, const Node& node) {
   x = ctx.reshape(x, shape);
   V zero = ctx.constant(0, x.type.dtype);
   std::vector<int64_t> padded = {n, c, shape[2] + 2 * win.ph, shape[3] + 2 * win.pw};
-  x = ctx.emit("stablehlo.pad", {x, zero}, TensorType{padded, x.type.dtype},
+  x = ctx.emit(Hlo::Pad, {x, zero}, TensorType{padded, x.type.dtype},
                "edge_padding_high = " + format_dims({0, 0, win.ph, win.pw}) +
                    ", edge_padding_low = " + format_dims({0, 0, win.ph, win.pw}) +
                    ", interior_padding = " + format_dims({0, 0, 0, 0}));
@@ -527,11 +527,11 @@ void lower_col2im(LoweringContext& ctx, const Node& node) {
       V part = ctx.reshape(ctx.slice(cols, {0, 0, at, 0, 0}, {n, c, at + 1, win.oh, win.ow}, {1, 1, 1, 1, 1}),
                            {n, c, win.oh, win.ow});
       int64_t h1 = hp - (h0 + win.sh * (win.oh - 1) + 1), w1 = wp - (w0 + win.sw * (win.ow - 1) + 1);
-      V placed = ctx.emit("stablehlo.pad", {part, zero}, image,
+      V placed = ctx.emit(Hlo::Pad, {part, zero}, image,
                           "edge_padding_high = " + format_dims({0, 0, h1, w1}) +
                               ", edge_padding_low = " + format_dims({0, 0, h0, w0}) +
                               ", interior_padding = " + format_dims({0, 0, win.sh - 1, win.sw - 1}));
-      sum = ctx.binary("stablehlo.add", sum, placed);
+      sum = ctx.binary(Hlo::Add, sum, placed);
     }
   V cropped = ctx.slice(sum, {0, 0, win.ph, win.pw}, {n, c, win.ph + size[0], win.pw + size[1]}, {1, 1, 1, 1});
   ctx.set_result(ctx.reshape(cropped, out.shape));

@@ -35,7 +35,7 @@ V constant_of(LoweringContext& ctx, const std::vector<double>& values, const std
   }
   // A flat literal reshaped: dense<> of a rank-n type needs nested brackets, a vector does not.
   TensorType flat{{static_cast<int64_t>(values.size())}, dtype};
-  V v = ctx.emit("stablehlo.constant", {}, flat, "value = dense<[" + lit + "]> : " + flat.mlir());
+  V v = ctx.emit(Hlo::Constant, {}, flat, "value = dense<[" + lit + "]> : " + flat.mlir());
   return ctx.reshape(v, type.shape);
 }
 
@@ -66,7 +66,7 @@ V pad_along(LoweringContext& ctx, const V& x, int64_t axis, int64_t low, int64_t
   hi[axis] = high;
   in[axis] = interior;
   shape[axis] = low + high + (n == 0 ? 0 : n + (n - 1) * interior);
-  return ctx.emit("stablehlo.pad", {x, ctx.constant(0, x.type.dtype)}, TensorType{shape, x.type.dtype},
+  return ctx.emit(Hlo::Pad, {x, ctx.constant(0, x.type.dtype)}, TensorType{shape, x.type.dtype},
                   "edge_padding_high = " + format_dims(hi) + ", edge_padding_low = " + format_dims(lo) +
                       ", interior_padding = " + format_dims(in));
 }
@@ -80,7 +80,7 @@ std::vector<int64_t> all_dims(int64_t rank) {
 // True at position `at` along `axis` of `shape`.
 V at_position(LoweringContext& ctx, const std::vector<int64_t>& shape, int64_t axis, int64_t at) {
   TensorType positions{shape, DType::Int64};
-  return ctx.compare("EQ", ctx.iota(positions, axis), ctx.constant_int(at, DType::Int64, shape));
+  return ctx.compare(Cmp::EQ, ctx.iota(positions, axis), ctx.constant_int(at, DType::Int64, shape));
 }
 
 // -- maps along one axis ---------------------------------------------------------------------
@@ -104,7 +104,7 @@ V apply_tap(LoweringContext& ctx, const Tap& tap, const V& v, int64_t axis, cons
     return some;
   };
   if (!tap.weight.empty())
-    return ctx.binary("stablehlo.multiply", along_axis(ctx, pick(tap.weight), axis, v.type.shape, v.type.dtype), v);
+    return ctx.binary(Hlo::Multiply, along_axis(ctx, pick(tap.weight), axis, v.type.shape, v.type.dtype), v);
   if (!tap.inside.empty()) {
     V keep = ctx.convert(along_axis(ctx, pick(tap.inside), axis, v.type.shape, DType::Int64), DType::Bool);
     return ctx.select(keep, v, ctx.constant(0, v.type.dtype, v.type.shape));
@@ -183,7 +183,7 @@ V exceptional_output(LoweringContext& ctx, const V& x, int64_t axis, const Taps&
   V sum;
   for (const Tap& tap : taps) {
     V column = apply_tap(ctx, tap, slice_along(ctx, x, axis, tap.index[o], tap.index[o] + 1, 1), axis, {o});
-    sum = sum.name.empty() ? column : ctx.binary("stablehlo.add", sum, column);
+    sum = sum.name.empty() ? column : ctx.binary(Hlo::Add, sum, column);
   }
   return sum;
 }
@@ -206,7 +206,7 @@ V apply_periodic(LoweringContext& ctx, const V& x, int64_t axis, const Taps& tap
       int64_t start = p.offset[t][r] + p.low;
       V slice = slice_along(ctx, padded, axis, start, start + (p.n - 1) * p.step[t] + 1, p.step[t]);
       V v = apply_tap(ctx, taps[t], slice, axis, residue_positions(p, r));
-      sum = t == 0 ? v : ctx.binary("stablehlo.add", sum, v);
+      sum = t == 0 ? v : ctx.binary(Hlo::Add, sum, v);
     }
     parts.push_back(ctx.reshape(sum, part_shape));
   }
@@ -245,7 +245,7 @@ V gather_along(LoweringContext& ctx, const V& x, int64_t axis, const std::vector
                       ", collapsed_slice_dims = [" + std::to_string(axis) + "], start_index_map = [" +
                       std::to_string(axis) + "], index_vector_dim = 1>, indices_are_sorted = true, slice_sizes = " +
                       format_dims(slice_sizes);
-  return ctx.emit("stablehlo.gather", {x, idx}, TensorType{out_shape, x.type.dtype}, attrs);
+  return ctx.emit(Hlo::Gather, {x, idx}, TensorType{out_shape, x.type.dtype}, attrs);
 }
 
 // The map applied to x along `axis`: periodic maps by slices, others by gathers.
@@ -258,7 +258,7 @@ V apply_taps(LoweringContext& ctx, const V& x, int64_t axis, const Taps& taps) {
   V sum;
   for (const Tap& tap : taps) {
     V v = apply_tap(ctx, tap, gather_along(ctx, x, axis, tap.index), axis, {});
-    sum = sum.name.empty() ? v : ctx.binary("stablehlo.add", sum, v);
+    sum = sum.name.empty() ? v : ctx.binary(Hlo::Add, sum, v);
   }
   return sum;
 }
@@ -307,23 +307,23 @@ V strided_taps_transposed(LoweringContext& ctx, const V& g, int64_t axis, const 
     int64_t start = p.offset[t][0] + p.low;
     V placed = pad_along(ctx, apply_tap(ctx, taps[t], regular, axis, {}), axis, start,
                          padded - (start + (p.n - 1) * p.step[t] + 1), p.step[t] - 1);
-    sum = t == 0 ? placed : ctx.binary("stablehlo.add", sum, placed);
+    sum = t == 0 ? placed : ctx.binary(Hlo::Add, sum, placed);
   }
   V grad = slice_along(ctx, sum, axis, p.low, p.low + in, 1);
   auto fold = [&](int64_t from, int64_t to, int64_t at) {
-    V total = ctx.reduce(slice_along(ctx, sum, axis, from, to, 1), {axis}, ctx.constant(0, g.type.dtype), "stablehlo.add");
+    V total = ctx.reduce(slice_along(ctx, sum, axis, from, to, 1), {axis}, ctx.constant(0, g.type.dtype), Hlo::Add);
     std::vector<int64_t> one = grad.type.shape, dims;
     one[axis] = 1;
     for (int64_t d = 0; d < grad.type.rank(); ++d)
       if (d != axis) dims.push_back(d);
     return pad_along(ctx, ctx.broadcast_in_dim(total, one, dims), axis, at, in - 1 - at, 0);
   };
-  if (p.low > 0) grad = ctx.binary("stablehlo.add", grad, fold(0, p.low, 0));
-  if (p.high > 0) grad = ctx.binary("stablehlo.add", grad, fold(p.low + in, padded, in - 1));
+  if (p.low > 0) grad = ctx.binary(Hlo::Add, grad, fold(0, p.low, 0));
+  if (p.high > 0) grad = ctx.binary(Hlo::Add, grad, fold(p.low + in, padded, in - 1));
   for (int64_t o : p.exceptions)
     for (const Tap& tap : taps) {
       V column = apply_tap(ctx, tap, slice_along(ctx, g, axis, o, o + 1, 1), axis, {o});
-      grad = ctx.binary("stablehlo.add", grad, pad_along(ctx, column, axis, tap.index[o], in - 1 - tap.index[o], 0));
+      grad = ctx.binary(Hlo::Add, grad, pad_along(ctx, column, axis, tap.index[o], in - 1 - tap.index[o], 0));
     }
   return grad;
 }
@@ -340,7 +340,7 @@ V apply_taps_transposed(LoweringContext& ctx, const V& g, int64_t axis, const Ta
   if (find_periodic(taps, in, &p) && p.period == 1) return strided_taps_transposed(ctx, g, axis, taps, p, in);
   for (size_t t = 0; t < taps.size(); ++t) {
     V part = apply_taps(ctx, apply_tap(ctx, taps[t], g, axis, {}), axis, readers(taps[t].index, in));
-    sum = t == 0 ? part : ctx.binary("stablehlo.add", sum, part);
+    sum = t == 0 ? part : ctx.binary(Hlo::Add, sum, part);
   }
   return sum;
 }
@@ -413,9 +413,9 @@ std::string window_attrs(const std::vector<UniformAxis>& axes, int64_t rank, boo
 V add_window(LoweringContext& ctx, const V& x, const TensorType& out, const std::string& attrs) {
   TensorType scalar{{}, x.type.dtype};
   std::string body = ctx.region({scalar, scalar}, [&](const std::vector<V>& a) {
-    return std::vector<V>{ctx.binary("stablehlo.add", a[0], a[1])};
+    return std::vector<V>{ctx.binary(Hlo::Add, a[0], a[1])};
   });
-  return ctx.emit("stablehlo.reduce_window", {x, ctx.constant(0, x.type.dtype)}, out, attrs, body);
+  return ctx.emit(Hlo::ReduceWindow, {x, ctx.constant(0, x.type.dtype)}, out, attrs, body);
 }
 
 // Sums of x over uniform windows on its trailing axes.size() dims: windows that tile the plane
@@ -437,7 +437,7 @@ V uniform_window_sums(LoweringContext& ctx, const V& x, const std::vector<Unifor
   }
   V whole_tiles = ctx.slice(x, start, limit, std::vector<int64_t>(r, 1));
   V split = ctx.reshape(whole_tiles, tile_shape({x.type.shape.begin(), x.type.shape.begin() + lead}, axes));
-  return ctx.reshape(ctx.reduce(split, dims, ctx.constant(0, x.type.dtype), "stablehlo.add"), shape);
+  return ctx.reshape(ctx.reduce(split, dims, ctx.constant(0, x.type.dtype), Hlo::Add), shape);
 }
 
 // Windows up to this many positions spread their gradient by one strided placement per
@@ -470,14 +470,14 @@ V uniform_window_sums_transposed(LoweringContext& ctx, const V& g, const std::ve
     std::vector<int64_t> split = tile_shape({in_shape.begin(), in_shape.begin() + lead}, axes);
     V spread = ctx.reshape(ctx.broadcast_in_dim(g, split, dims), covered);
     if (covered == in_shape) return spread;
-    return ctx.emit("stablehlo.pad", {spread, zero}, out,
+    return ctx.emit(Hlo::Pad, {spread, zero}, out,
                     "edge_padding_high = " + format_dims(hi) + ", edge_padding_low = " +
                         format_dims(std::vector<int64_t>(r, 0)) + ", interior_padding = " +
                         format_dims(std::vector<int64_t>(r, 0)));
   }
   auto pad = [&](const V& v, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
                  const std::vector<int64_t>& interior, const std::vector<int64_t>& shape) {
-    return ctx.emit("stablehlo.pad", {v, zero}, TensorType{shape, dt},
+    return ctx.emit(Hlo::Pad, {v, zero}, TensorType{shape, dt},
                     "edge_padding_high = " + format_dims(hi) + ", edge_padding_low = " + format_dims(lo) +
                         ", interior_padding = " + format_dims(interior));
   };
@@ -510,7 +510,7 @@ V uniform_window_sums_transposed(LoweringContext& ctx, const V& g, const std::ve
       hi[lead + d] = a.in - (p[d] - a.pad_lo + (a.out - 1) * a.stride + 1);
     }
     V placed = pad(g, lo, hi, interior, in_shape);
-    sum = k == 0 ? placed : ctx.binary("stablehlo.add", sum, placed);
+    sum = k == 0 ? placed : ctx.binary(Hlo::Add, sum, placed);
   }
   return sum;
 }
@@ -562,7 +562,7 @@ V divisors(LoweringContext& ctx, const AvgPool& pool, const std::vector<int64_t>
   V product;
   for (size_t d = 0; d < pool.axes.size(); ++d) {
     V f = along_axis(ctx, pool.factors[d], lead + d, shape, dtype);
-    product = d == 0 ? f : ctx.binary("stablehlo.multiply", product, f);
+    product = d == 0 ? f : ctx.binary(Hlo::Multiply, product, f);
   }
   return product;
 }
@@ -578,7 +578,7 @@ void lower_avg_pool(LoweringContext& ctx, const Node& node) {
   V x = ctx.convert(ctx.input(node, 0), acc);
   AvgPool pool = avg_pool(node, 1, spatial_dims(node), x.type.shape, out.shape);
   V sums = uniform_window_sums(ctx, x, pool.axes);
-  ctx.set_result(ctx.convert(ctx.binary("stablehlo.divide", sums, divisors(ctx, pool, out.shape, acc)), out.dtype));
+  ctx.set_result(ctx.convert(ctx.binary(Hlo::Divide, sums, divisors(ctx, pool, out.shape, acc)), out.dtype));
 }
 
 // avg_pool2d_backward / avg_pool3d_backward(grad_output, self, kernel_size, stride, padding,
@@ -589,7 +589,7 @@ void lower_avg_pool_backward(LoweringContext& ctx, const Node& node) {
   DType acc = compute_dtype(out.dtype);
   V g = ctx.convert(ctx.input(node, 0), acc);
   AvgPool pool = avg_pool(node, 2, spatial_dims(node), out.shape, g.type.shape);
-  V shares = ctx.binary("stablehlo.divide", g, divisors(ctx, pool, g.type.shape, acc));
+  V shares = ctx.binary(Hlo::Divide, g, divisors(ctx, pool, g.type.shape, acc));
   ctx.set_result(ctx.convert(uniform_window_sums_transposed(ctx, shares, pool.axes, out.shape), out.dtype));
 }
 
@@ -628,7 +628,7 @@ V adaptive_divisors(LoweringContext& ctx, int64_t n, const std::vector<int64_t>&
     std::vector<double> size;
     for (size_t i = 0; i < w.lo.size(); ++i) size.push_back(static_cast<double>(w.hi[i] - w.lo[i]));
     V f = along_axis(ctx, size, lead + d, shape, dtype);
-    product = d == 0 ? f : ctx.binary("stablehlo.multiply", product, f);
+    product = d == 0 ? f : ctx.binary(Hlo::Multiply, product, f);
   }
   return product;
 }
@@ -652,7 +652,7 @@ void lower_adaptive_avg_pool(LoweringContext& ctx, const Node& node) {
       sums = apply_taps(ctx, sums, axis, window_taps(adaptive_windows(in_shape[axis], out.shape[axis]), in_shape[axis]));
     }
   }
-  V mean = ctx.binary("stablehlo.divide", sums, adaptive_divisors(ctx, n, in_shape, out.shape, acc));
+  V mean = ctx.binary(Hlo::Divide, sums, adaptive_divisors(ctx, n, in_shape, out.shape, acc));
   ctx.set_result(ctx.convert(mean, out.dtype));
 }
 
@@ -663,7 +663,7 @@ void lower_adaptive_avg_pool_backward(LoweringContext& ctx, const Node& node) {
   DType acc = compute_dtype(out.dtype);
   V g = ctx.convert(ctx.input(node, 0), acc);
   std::vector<int64_t> pooled = g.type.shape;
-  V shares = ctx.binary("stablehlo.divide", g, adaptive_divisors(ctx, n, out.shape, pooled, acc));
+  V shares = ctx.binary(Hlo::Divide, g, adaptive_divisors(ctx, n, out.shape, pooled, acc));
   std::vector<UniformAxis> axes;
   V grad;
   if (adaptive_uniform(n, out.shape, pooled, &axes)) {
