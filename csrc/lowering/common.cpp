@@ -217,9 +217,8 @@ V gather_linear(LoweringContext& ctx, const V& x, const V& idx) {
   TensorType out{idx.type.shape, x.type.dtype};
   if (out.numel() == 0 || x.type.numel() == 0) return ctx.constant(0, out.dtype, out.shape);
   V flat = ctx.reshape(x, {x.type.numel()});
-  std::string attrs = "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
-                      "index_vector_dim = " + std::to_string(idx.type.rank()) +
-                      ">, indices_are_sorted = false, slice_sizes = array<i64: 1>";
+  GatherDimensionNumbers numbers{.collapsed_slice_dims = {0}, .start_index_map = {0}, .index_vector_dim = idx.type.rank()};
+  std::string attrs = "dimension_numbers = " + numbers.attribute() + ", indices_are_sorted = false, slice_sizes = array<i64: 1>";
   return ctx.emit(Hlo::Gather, {flat, idx}, out, attrs);
 }
 
@@ -231,9 +230,10 @@ V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& update
     if (!combine) return std::vector<V>{args[1]};
     return std::vector<V>{ctx.binary(combine, args[0], args[1])};
   });
-  std::string attrs = "indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<"
-                      "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = " +
-                      std::to_string(idx.type.rank()) + ">, unique_indices = false";
+  ScatterDimensionNumbers numbers{.inserted_window_dims = {0}, .scatter_dims_to_operand_dims = {0},
+                                  .index_vector_dim = idx.type.rank()};
+  std::string attrs = "indices_are_sorted = false, scatter_dimension_numbers = " + numbers.attribute() +
+                      ", unique_indices = false";
   V out = ctx.emit(Hlo::Scatter, {flat, idx, ctx.convert(updates, x.type.dtype)}, flat.type, attrs, body);
   return ctx.reshape(out, x.type.shape);
 }

@@ -241,9 +241,8 @@ V gather_along(LoweringContext& ctx, const V& x, int64_t axis, const std::vector
   for (int64_t d = 0; d < r; ++d)
     if (d != axis) offset_dims.push_back(d);
   slice_sizes[axis] = 1;
-  std::string attrs = "dimension_numbers = #stablehlo.gather<offset_dims = " + format_list(offset_dims) +
-                      ", collapsed_slice_dims = [" + std::to_string(axis) + "], start_index_map = [" +
-                      std::to_string(axis) + "], index_vector_dim = 1>, indices_are_sorted = true, slice_sizes = " +
+  GatherDimensionNumbers numbers{offset_dims, {axis}, {axis}, 1};
+  std::string attrs = "dimension_numbers = " + numbers.attribute() + ", indices_are_sorted = true, slice_sizes = " +
                       format_dims(slice_sizes);
   return ctx.emit(Hlo::Gather, {x, idx}, TensorType{out_shape, x.type.dtype}, attrs);
 }

@@ -14,6 +14,32 @@ std::string format_list(const std::vector<int64_t>& dims) {
   return s + "]";
 }
 
+namespace {
+// ", name = [..]" for a non-empty list (the pretty form leaves empty ones out).
+std::string listed(const char* name, const std::vector<int64_t>& dims) {
+  return dims.empty() ? "" : std::string(name) + " = " + format_list(dims) + ", ";
+}
+}  // namespace
+
+std::string GatherDimensionNumbers::attribute() const {
+  return "#stablehlo.gather<" + listed("offset_dims", offset_dims) + listed("collapsed_slice_dims", collapsed_slice_dims) +
+         listed("start_index_map", start_index_map) + "index_vector_dim = " + std::to_string(index_vector_dim) + ">";
+}
+
+std::string ScatterDimensionNumbers::attribute() const {
+  return "#stablehlo.scatter<" + listed("update_window_dims", update_window_dims) +
+         listed("inserted_window_dims", inserted_window_dims) +
+         listed("scatter_dims_to_operand_dims", scatter_dims_to_operand_dims) +
+         "index_vector_dim = " + std::to_string(index_vector_dim) + ">";
+}
+
+std::string DotDimensionNumbers::attribute() const {
+  return "#stablehlo.dot<lhs_batching_dimensions = " + format_list(lhs_batching) +
+         ", rhs_batching_dimensions = " + format_list(rhs_batching) +
+         ", lhs_contracting_dimensions = " + format_list(lhs_contracting) +
+         ", rhs_contracting_dimensions = " + format_list(rhs_contracting) + ">";
+}
+
 std::string format_dims(const std::vector<int64_t>& dims) {
   if (dims.empty()) return "array<i64>";
   std::string s = "array<i64: ";
@@ -454,11 +480,8 @@ V LoweringContext::iota(const TensorType& type, int64_t dim) {
 V LoweringContext::dot_general(const V& lhs, const V& rhs, const std::vector<int64_t>& lhs_batch,
                                const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
                                const std::vector<int64_t>& rhs_contract, const TensorType& result) {
-  std::string attrs = "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + format_list(lhs_batch) +
-                      ", rhs_batching_dimensions = " + format_list(rhs_batch) +
-                      ", lhs_contracting_dimensions = " + format_list(lhs_contract) +
-                      ", rhs_contracting_dimensions = " + format_list(rhs_contract) + ">";
-  return emit(Hlo::DotGeneral, {lhs, rhs}, result, attrs);
+  DotDimensionNumbers numbers{lhs_batch, rhs_batch, lhs_contract, rhs_contract};
+  return emit(Hlo::DotGeneral, {lhs, rhs}, result, "dot_dimension_numbers = " + numbers.attribute());
 }
 
 V LoweringContext::random_bits(const Node& node, const std::vector<int64_t>& shape, int bits) {

@@ -42,6 +42,24 @@ struct V {
 std::string format_dims(const std::vector<int64_t>& dims);  // "array<i64: 0, 1>"
 std::string format_list(const std::vector<int64_t>& dims);  // "[0, 1]"
 
+// Dimension numbers of stablehlo.gather / scatter / dot_general as typed fields; attribute()
+// prints them as StableHLO's pretty form does (an empty list of gather and scatter is left
+// out, dot_general lists all four).
+struct GatherDimensionNumbers {
+  std::vector<int64_t> offset_dims, collapsed_slice_dims, start_index_map;
+  int64_t index_vector_dim = 0;
+  std::string attribute() const;  // "#stablehlo.gather<...>"
+};
+struct ScatterDimensionNumbers {
+  std::vector<int64_t> update_window_dims, inserted_window_dims, scatter_dims_to_operand_dims;
+  int64_t index_vector_dim = 0;
+  std::string attribute() const;  // "#stablehlo.scatter<...>"
+};
+struct DotDimensionNumbers {
+  std::vector<int64_t> lhs_batching, rhs_batching, lhs_contracting, rhs_contracting;
+  std::string attribute() const;  // "#stablehlo.dot<...>"
+};
+
 // A condition a lowering cannot decide while compiling (an index out of range, an integer
 // division by zero). The graph computes it; the engine reads it when the host next waits for
 // the graph's results and raises what PyTorch's CPU kernel raises (engine/checks.h).

@@ -286,6 +286,21 @@ std::string error_of(F&& f) {
 
 // A rule's parameter is an enumerator of its family's enum: read as another family's, it
 // throws; the properties the device layer reads are flags, and explain gets it as written.
+// The typed dimension numbers print StableHLO's pretty form: empty gather/scatter lists left out.
+void test_dimension_numbers_print_as_stablehlo() {
+  GatherDimensionNumbers gather{.collapsed_slice_dims = {0}, .start_index_map = {0}, .index_vector_dim = 2};
+  CHECK(gather.attribute() == "#stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 2>");
+  GatherDimensionNumbers axis{{0, 2}, {1}, {1}, 1};
+  CHECK(axis.attribute() ==
+        "#stablehlo.gather<offset_dims = [0, 2], collapsed_slice_dims = [1], start_index_map = [1], index_vector_dim = 1>");
+  ScatterDimensionNumbers scatter{.inserted_window_dims = {0}, .scatter_dims_to_operand_dims = {0}, .index_vector_dim = 1};
+  CHECK(scatter.attribute() ==
+        "#stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>");
+  DotDimensionNumbers dot{{}, {}, {1}, {0}};
+  CHECK(dot.attribute() == "#stablehlo.dot<lhs_batching_dimensions = [], rhs_batching_dimensions = [], "
+                           "lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>");
+}
+
 void test_rule_parameters_are_typed() {
   const LoweringRule* add = find_lowering("aten::add.Tensor");
   CHECK(add && add->param.is<Hlo>() && add->param.as<Hlo>() == Hlo::Add);
@@ -731,6 +746,7 @@ int main() {
     test_strict_mode_runs_each_op_at_once(*rt);
     test_wrong_output_type_is_reported(*rt);
     test_rule_parameters_are_typed();
+    test_dimension_numbers_print_as_stablehlo();
     test_elementwise_operands_are_checked();
     test_shared_buffer_is_not_donated(*rt);
     test_imported_module_is_renamed_and_private();
