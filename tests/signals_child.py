@@ -9,8 +9,14 @@ loop), torch-compile (torch.compile(backend="tpu") compiling), startup (import t
 and its first op; the process ends in the handler).
 """
 import os
+import signal
 import sys
 import time
+
+# Python installs its KeyboardInterrupt handler only where SIGINT is not ignored at start, and
+# a shell ignores SIGINT in the commands it starts in the background (`make test &` in a
+# script): the handler is set here so the test checks torchtpu, not how the suite was started.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _T0 = time.monotonic()
 
