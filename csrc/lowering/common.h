@@ -149,4 +149,9 @@ void check_argument(bool condition, const std::string& message);
 // Throws IndexError(message) unless `condition` (a std::out_of_range, which the device layer
 // raises as IndexError, like the dimension errors of wrap_dim).
 void check_index_argument(bool condition, const std::string& message);
+// x[at] along the leading dimension (at: a 0-d i64 value), and stacked with stacked[at] = row:
+// the rows of a loop over time (scan bodies, CTC's recursions).
+V index_leading(LoweringContext& ctx, const V& x, const V& at);
+V update_leading(LoweringContext& ctx, const V& stacked, const V& row, const V& at);
+
 }  // namespace torchtpu

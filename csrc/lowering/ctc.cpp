@@ -137,25 +137,6 @@ V log_add3(const Ex& e, const V& a1, const V& a2, const V& a3, const V& lp) {
   return e.add(e.add(e.un(Hlo::Log, sum), m), lp);
 }
 
-// row t of a [T, ...] value (t: 0-d int64).
-V row_at(LoweringContext& ctx, const V& stacked, const V& t) {
-  std::vector<int64_t> sizes = stacked.type.shape;
-  sizes[0] = 1;
-  std::vector<V> operands = {stacked, t};
-  for (size_t d = 1; d < sizes.size(); ++d) operands.push_back(ctx.constant_int(0, DType::Int64));
-  V r = ctx.emit(Hlo::DynamicSlice, operands, TensorType{sizes, stacked.type.dtype},
-                 "slice_sizes = " + format_dims(sizes));
-  return ctx.reshape(r, std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
-}
-
-V with_row(LoweringContext& ctx, const V& stacked, const V& row, const V& t) {
-  std::vector<int64_t> sizes = row.type.shape;
-  sizes.insert(sizes.begin(), 1);
-  std::vector<V> operands = {stacked, ctx.reshape(row, sizes), t};
-  for (size_t d = 1; d < sizes.size(); ++d) operands.push_back(ctx.constant_int(0, DType::Int64));
-  return ctx.emit(Hlo::DynamicUpdateSlice, operands, stacked.type);
-}
-
 // Where the path may skip a blank: into s from s - 2 (the alpha recursion: s > 1 and
 // l'[s - 2] != l'[s]) or, `ahead`, into s from s + 2 (the beta recursion: s + 2 inside the
 // extended target and l'[s + 2] != l'[s]).
@@ -190,12 +171,12 @@ void lower_ctc_loss(LoweringContext& ctx, const Node& node) {
   auto i64 = [&](int64_t v) { return ctx.constant_int(v, DType::Int64, row); };
   V tl = per_item(ctx, c, c.target_lengths);
   // alpha at t = 0: l'[0] (the blank) and l'[1] (the first label, if any)
-  V first = row_at(ctx, c.at_prime, ctx.constant_int(0, DType::Int64));
+  V first = index_leading(ctx, c.at_prime, ctx.constant_int(0, DType::Int64));
   V start = ctx.binary(Hlo::Or, ctx.compare(Cmp::EQ, s, i64(0)),
                        ctx.binary(Hlo::And, ctx.compare(Cmp::EQ, s, i64(1)), ctx.compare(Cmp::GT, tl, i64(0))));
   V alpha0 = e.sel(start, first, c.neg_inf);
   std::vector<int64_t> cube = {c.steps, c.batch, c.positions};
-  V stacked = with_row(ctx, ctx.constant(-std::numeric_limits<double>::infinity(), c.dt, cube), alpha0,
+  V stacked = update_leading(ctx, ctx.constant(-std::numeric_limits<double>::infinity(), c.dt, cube), alpha0,
                        ctx.constant_int(0, DType::Int64));
   V skip = skip_allowed(ctx, c, false);
   std::vector<V> done = ctx.while_loop(
@@ -205,9 +186,9 @@ void lower_ctc_loss(LoweringContext& ctx, const Node& node) {
         V t = st[0], prev = st[1];
         V a2 = shift_positions(ctx, c, prev, 1);
         V a3 = e.sel(skip, shift_positions(ctx, c, prev, 2), c.neg_inf);
-        V next = e.sel(c.in_target, log_add3(e, prev, a2, a3, row_at(ctx, c.at_prime, t)), c.neg_inf);
+        V next = e.sel(c.in_target, log_add3(e, prev, a2, a3, index_leading(ctx, c.at_prime, t)), c.neg_inf);
         return std::vector<V>{ctx.binary(Hlo::Add, t, ctx.constant_int(1, DType::Int64)), next,
-                              with_row(ctx, st[2], next, t)};
+                              update_leading(ctx, st[2], next, t)};
       });
   V alphas = done[2];  // [T, N, S]
   // The likelihood: alpha at t = input_length - 1, positions 2L and 2L - 1 (2L alone for L = 0).
@@ -266,7 +247,7 @@ void lower_ctc_loss_backward(LoweringContext& ctx, const Node& node) {
       [&](const std::vector<V>& st) { return ctx.compare(Cmp::GE, st[0], ctx.constant_int(0, DType::Int64)); },
       [&](const std::vector<V>& st) {
         V t = st[0], next_row = st[1];
-        V lp = row_at(ctx, c.at_prime, t);
+        V lp = index_leading(ctx, c.at_prime, t);
         V tt = ctx.broadcast_in_dim(t, row, {});
         V b2 = e.sel(below_end, shift_positions(ctx, c, next_row, -1), c.neg_inf);
         V b3 = e.sel(skip, shift_positions(ctx, c, next_row, -2), c.neg_inf);
@@ -274,7 +255,7 @@ void lower_ctc_loss_backward(LoweringContext& ctx, const Node& node) {
         V beta = e.sel(ctx.compare(Cmp::EQ, tt, last_t), e.sel(ends, lp, c.neg_inf),
                        e.sel(ctx.compare(Cmp::LT, tt, last_t), stepped, c.neg_inf));
         return std::vector<V>{ctx.binary(Hlo::Subtract, t, ctx.constant_int(1, DType::Int64)), beta,
-                              with_row(ctx, st[2], beta, t)};
+                              update_leading(ctx, st[2], beta, t)};
       });
   V betas = done[2];  // [T, N, S]
   // log(sum over s with l'[s] = c of alpha * beta), per (t, b, c), in CPU's order: a running
@@ -298,8 +279,8 @@ void lower_ctc_loss_backward(LoweringContext& ctx, const Node& node) {
       [&](const std::vector<V>& st) { return ctx.compare(Cmp::GE, st[0], ctx.constant_int(0, DType::Int64)); },
       [&](const std::vector<V>& st) {
         V at = st[0], acc = st[1];
-        V value = ctx.broadcast_in_dim(row_at(ctx, ab_by_s, at), grid, {0, 1});
-        V label = ctx.broadcast_in_dim(row_at(ctx, prime_by_s, at), grid, {1});
+        V value = ctx.broadcast_in_dim(index_leading(ctx, ab_by_s, at), grid, {0, 1});
+        V label = ctx.broadcast_in_dim(index_leading(ctx, prime_by_s, at), grid, {1});
         V m = g.sel(g.cmp(Cmp::LT, acc, value), value, acc);  // std::max(lcab, log_alpha_beta)
         V added = g.add(g.un(Hlo::Log, g.add(g.un(Hlo::Exponential, g.sub(acc, m)),
                                                     g.un(Hlo::Exponential, g.sub(value, m)))),

@@ -9,26 +9,6 @@ namespace {
 
 const TensorType kIndexType{{}, DType::Int64};
 
-// x[at] along the leading dimension (at: a 0-d i64 value).
-V index_leading(LoweringContext& ctx, const V& x, const V& at) {
-  std::vector<int64_t> sizes = x.type.shape;
-  sizes[0] = 1;
-  std::vector<V> operands = {x, at};
-  for (size_t d = 1; d < sizes.size(); ++d) operands.push_back(ctx.constant_int(0, DType::Int64));
-  V row = ctx.emit(Hlo::DynamicSlice, operands, TensorType{sizes, x.type.dtype},
-                   "slice_sizes = " + format_dims(sizes));
-  return ctx.reshape(row, std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
-}
-
-// stacked with stacked[at] = row.
-V update_leading(LoweringContext& ctx, const V& stacked, const V& row, const V& at) {
-  std::vector<int64_t> sizes = row.type.shape;
-  sizes.insert(sizes.begin(), 1);
-  std::vector<V> operands = {stacked, ctx.reshape(row, sizes), at};
-  for (size_t d = 1; d < sizes.size(); ++d) operands.push_back(ctx.constant_int(0, DType::Int64));
-  return ctx.emit(Hlo::DynamicUpdateSlice, operands, stacked.type);
-}
-
 // The body's nodes on the values its inputs and captured values have inside the loop;
 // returns its outputs.
 std::vector<V> lower_body(LoweringContext& ctx, const Subgraph& body, const std::vector<V>& inputs,
