@@ -26,7 +26,7 @@ PACKAGE_DIR ?= torchtpu
 # (`make wheel` names unpacked torch wheels, one per supported minor).
 TORCH_DIR   ?=
 
-.PHONY: all install build extension core compiled-core cpptest demo test bench wheel wheels check-wheels check-wheel-3.11 check-wheel-3.12 check-wheel-3.13 check-torch-range check-torch-oldest check-torch-newest clean distclean
+.PHONY: all install build extension core compiled-core cpptest demo test test-pjrt bench wheel wheels check-wheels check-wheel-3.11 check-wheel-3.12 check-wheel-3.13 check-torch-range check-torch-oldest check-torch-newest clean distclean
 
 all: install
 
@@ -136,6 +136,12 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The whole suite under the PJRT runtime (not part of `make test`, which runs jaxlib, the
+# default, and keeps pjrt covered by tests/test_pjrt_runtime.py). The jaxlib-only tests are
+# excluded with their reasons (`-rs` lists them; tests/conftest.py, marker jaxlib_only).
+test-pjrt: install
+	TORCHTPU_RUNTIME=pjrt $(PY) -m pytest -q -rs tests
 
 bench: install
 	$(PY) bench/run.py

@@ -17,6 +17,23 @@ MODES = ("debug", "strict", "fused")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "modes(*names): run the test only in these eager modes")
+    config.addinivalue_line("markers", "jaxlib_only(reason): a feature only the jaxlib runtime has; under "
+                            "TORCHTPU_RUNTIME=pjrt the test is excluded, with the reason")
+
+
+# The runtime this session's processes get (read from the settings, without starting it).
+RUNTIME = torchtpu._settings.read().runtime
+
+
+def pytest_collection_modifyitems(config, items):
+    # A run under TORCHTPU_RUNTIME=pjrt (`make test-pjrt`) excludes what only jaxlib serves, each
+    # exclusion naming why; tests/test_pjrt_runtime.py checks that the pjrt route then says so.
+    if RUNTIME != "pjrt":
+        return
+    for item in items:
+        marker = item.get_closest_marker("jaxlib_only")
+        if marker:
+            item.add_marker(pytest.mark.skip(reason=f"jaxlib runtime only: {marker.args[0]}"))
 
 
 def pytest_generate_tests(metafunc):

@@ -14,6 +14,12 @@ from utils import run_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# Under TORCHTPU_RUNTIME=pjrt a Mesh raises (test_pjrt_runtime.py::test_spmd_says_it_needs_the_jaxlib_runtime
+# checks that error), so these run only where jaxlib serves the process.
+pytestmark = pytest.mark.jaxlib_only("single-process SPMD compiles one partitioned executable over the mesh's "
+                                     "devices; the pjrt runtime compiles each executable for one device (no "
+                                     "partitioned compile, assemble_sharded or shards_of)")
+
 
 def run_checks(devices, *sections):
     code = f"import runpy, sys; sys.argv = ['spmd_checks', *{list(sections)!r}]; " \
