@@ -164,8 +164,9 @@ wheels:
 # `make check-wheel-3.13` installs the newest dist/torchtpu-*-cp313-*.whl with pip into a venv
 # (build/wheel-check/3.13-torch2.15.0-jax0.12.0.1/) that has the torch and jax below, checks that
 # pip left that torch alone, and runs RANGE_TESTS (below) outside the source tree, against the
-# installed wheel. The pairs cover the torch minors check-torch-range does not run; `make
-# check-wheels` runs all three. `make check-wheel-3.11-all-torch` runs the cp311 wheel beside
+# installed wheel (each command runs in the venv's folder: `python -c` in the checkout would
+# import the checkout's torchtpu through torch's autoload). The pairs cover the torch minors
+# check-torch-range does not run; `make check-wheels` runs all three. `make check-wheel-3.11-all-torch` runs the cp311 wheel beside
 # every release in TORCH_RELEASES (jax 0.10: the newest jax on 3.11), one target each
 # (check-wheel-3.11-torch-2.11.0, ...). The venvs are kept (torch and its CUDA libraries are
 # GBs; the torch wheels are taken from $(WHEEL_CACHE)/wheels when there); torchtpu is reinstalled.
@@ -189,8 +190,8 @@ check-wheel-$(1): $(WHEEL_CHECK_DIR)/$(2)-torch$(3)-jax$(4)/.deps
 	@wheel=$$$$(ls -t dist/torchtpu-*-cp$(subst .,,$(2))-*.whl | head -1) && test -n "$$$$wheel" && echo "check-wheel: $$$$wheel" && \
 	  PIP_CONSTRAINT=/dev/null $$(check_venv_$(1))/venv/bin/python -m pip install -q --find-links $(WHEEL_CACHE)/wheels "$$$$wheel[cpu]" && \
 	  $$(check_venv_$(1))/venv/bin/python -m pip install -q --no-deps --force-reinstall "$$$$wheel"
-	$$(check_venv_$(1))/venv/bin/python -c "import torch; assert torch.__version__.startswith('$(3)'), torch.__version__"
-	cd $$(check_venv_$(1)) && venv/bin/python -c "import torchtpu, sys; assert '/site-packages/' in torchtpu.__file__, torchtpu.__file__" && \
+	cd $$(check_venv_$(1)) && venv/bin/python -c "import torch; assert torch.__version__.startswith('$(3)'), torch.__version__" && \
+	  venv/bin/python -c "import torchtpu; assert '/site-packages/' in torchtpu.__file__, torchtpu.__file__" && \
 	  venv/bin/python -m pytest -q -p no:cacheprovider $$(addprefix $(CURDIR)/,$$(RANGE_TESTS))
 endef
 $(eval $(call wheel_check,3.11,3.11,2.12.1,0.10.2))
