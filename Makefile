@@ -166,9 +166,9 @@ wheels:
 # pip left that torch alone, and runs RANGE_TESTS (below) outside the source tree, against the
 # installed wheel (each command runs in the venv's folder: `python -c` in the checkout would
 # import the checkout's torchtpu through torch's autoload). The pairs cover the torch minors
-# check-torch-range does not run; `make check-wheels` runs all three. `make check-wheel-3.11-all-torch` runs the cp311 wheel beside
-# every release in TORCH_RELEASES (jax 0.10: the newest jax on 3.11), one target each
-# (check-wheel-3.11-torch-2.11.0, ...). The venvs are kept (torch and its CUDA libraries are
+# check-torch-range does not run; `make check-wheels` runs all three. `make
+# check-wheel-3.11-all-torch` runs the cp311 wheel beside every release in TORCH_RELEASES
+# (jax 0.10: the newest jax on 3.11), one target each (check-wheel-3.11-torch-2.11.0, ...). The venvs are kept (torch and its CUDA libraries are
 # GBs; the torch wheels are taken from $(WHEEL_CACHE)/wheels when there); torchtpu is reinstalled.
 WHEEL_CHECK_DIR := build/wheel-check
 TORCH_RELEASES  := $(shell sed -n 's/^TORCH_RELEASES = (\(.*\))/\1/p' torchtpu/_versions.py | tr -d '",')
