@@ -26,7 +26,7 @@ PACKAGE_DIR ?= torchtpu
 # (`make wheel` names unpacked torch wheels, one per supported minor).
 TORCH_DIR   ?=
 
-.PHONY: all install build extension core compiled-core cpptest demo test test-pjrt bench wheel wheels check-wheels check-wheel-3.11 check-wheel-3.12 check-wheel-3.13 check-torch-range check-torch-oldest check-torch-newest clean distclean
+.PHONY: all install build extension core compiled-core cpptest demo test test-pjrt bench wheel wheels check-wheels check-wheel-3.11 check-wheel-3.12 check-wheel-3.13 check-wheel-3.11-all-torch check-torch-range check-torch-oldest check-torch-newest clean distclean
 
 all: install
 
@@ -168,32 +168,45 @@ wheels:
 
 # --- each release wheel installed as a user installs it ---
 # `make check-wheel-3.13` installs the newest dist/torchtpu-*-cp313-*.whl with pip into a venv
-# (build/wheel-check/3.13/) that has the torch and jax below, checks that pip left that torch
-# alone, and runs RANGE_TESTS (below) outside the source tree, against the installed wheel.
-# The pairs cover the torch minors check-torch-range does not run; `make check-wheels` runs
-# all three. The venv is kept (torch and its CUDA libraries are GBs); torchtpu is reinstalled.
+# (build/wheel-check/3.13-torch2.15.0-jax0.12.0.1/) that has the torch and jax below, checks that
+# pip left that torch alone, and runs RANGE_TESTS (below) outside the source tree, against the
+# installed wheel (each command runs in the venv's folder: `python -c` in the checkout would
+# import the checkout's torchtpu through torch's autoload). The pairs cover the torch minors
+# check-torch-range does not run; `make check-wheels` runs all three. `make
+# check-wheel-3.11-all-torch` runs the cp311 wheel beside every release in TORCH_RELEASES
+# (jax 0.10: the newest jax on 3.11), one target each (check-wheel-3.11-torch-2.11.0, ...). The venvs are kept (torch and its CUDA libraries are
+# GBs; the torch wheels are taken from $(WHEEL_CACHE)/wheels when there); torchtpu is reinstalled.
 WHEEL_CHECK_DIR := build/wheel-check
-# $(1): Python version, $(2): torch release, $(3): jax and jaxlib release
+TORCH_RELEASES  := $(shell sed -n 's/^TORCH_RELEASES = (\(.*\))/\1/p' torchtpu/_versions.py | tr -d '",')
+# $(1): target name's suffix, $(2): Python version, $(3): torch release, $(4): jax and jaxlib release.
+# A venv is defined once per (Python, torch, jax), whichever targets use it.
 define wheel_check
-$(WHEEL_CHECK_DIR)/$(1)/.deps:
-	rm -rf $(WHEEL_CHECK_DIR)/$(1)/venv
-	$$(call find_python,python$(1)) -m venv $(WHEEL_CHECK_DIR)/$(1)/venv
-	PIP_CONSTRAINT=/dev/null $(WHEEL_CHECK_DIR)/$(1)/venv/bin/python -m pip install -q --find-links $(WHEEL_CACHE)/wheels \
-	  torch==$(2) 'jax[cpu]==$(3)' jaxlib==$(3) pytest
+check_venv_$(1) := $(WHEEL_CHECK_DIR)/$(2)-torch$(3)-jax$(4)
+ifndef defined_$(2)_$(3)_$(4)
+defined_$(2)_$(3)_$(4) := 1
+$(WHEEL_CHECK_DIR)/$(2)-torch$(3)-jax$(4)/.deps:
+	rm -rf $$(@D)/venv
+	$$(call find_python,python$(2)) -m venv $$(@D)/venv
+	PIP_CONSTRAINT=/dev/null $$(@D)/venv/bin/python -m pip install -q --find-links $(WHEEL_CACHE)/wheels \
+	  torch==$(3) 'jax[cpu]==$(4)' jaxlib==$(4) pytest
 	touch $$@
+endif
 
-check-wheel-$(1): $(WHEEL_CHECK_DIR)/$(1)/.deps
-	@wheel=$$$$(ls -t dist/torchtpu-*-cp$(subst .,,$(1))-*.whl | head -1) && test -n "$$$$wheel" && echo "check-wheel: $$$$wheel" && \
-	  PIP_CONSTRAINT=/dev/null $(WHEEL_CHECK_DIR)/$(1)/venv/bin/python -m pip install -q --find-links $(WHEEL_CACHE)/wheels "$$$$wheel[cpu]" && \
-	  $(WHEEL_CHECK_DIR)/$(1)/venv/bin/python -m pip install -q --no-deps --force-reinstall "$$$$wheel"
-	$(WHEEL_CHECK_DIR)/$(1)/venv/bin/python -c "import torch; assert torch.__version__.startswith('$(2)'), torch.__version__"
-	cd $(WHEEL_CHECK_DIR)/$(1) && venv/bin/python -m pytest -q -p no:cacheprovider $$(addprefix $(CURDIR)/,$$(RANGE_TESTS))
+check-wheel-$(1): $(WHEEL_CHECK_DIR)/$(2)-torch$(3)-jax$(4)/.deps
+	@wheel=$$$$(ls -t dist/torchtpu-*-cp$(subst .,,$(2))-*.whl | head -1) && test -n "$$$$wheel" && echo "check-wheel: $$$$wheel" && \
+	  PIP_CONSTRAINT=/dev/null $$(check_venv_$(1))/venv/bin/python -m pip install -q --find-links $(WHEEL_CACHE)/wheels "$$$$wheel[cpu]" && \
+	  $$(check_venv_$(1))/venv/bin/python -m pip install -q --no-deps --force-reinstall "$$$$wheel"
+	cd $$(check_venv_$(1)) && venv/bin/python -c "import torch; assert torch.__version__.startswith('$(3)'), torch.__version__" && \
+	  venv/bin/python -c "import torchtpu; assert '/site-packages/' in torchtpu.__file__, torchtpu.__file__" && \
+	  venv/bin/python -m pytest -q -p no:cacheprovider $$(addprefix $(CURDIR)/,$$(RANGE_TESTS))
 endef
-$(eval $(call wheel_check,3.11,2.12.1,0.10.2))
-$(eval $(call wheel_check,3.12,2.14.1,0.12.0.1))
-$(eval $(call wheel_check,3.13,2.15.0,0.12.0.1))
+$(eval $(call wheel_check,3.11,3.11,2.12.1,0.10.2))
+$(eval $(call wheel_check,3.12,3.12,2.14.1,0.12.0.1))
+$(eval $(call wheel_check,3.13,3.13,2.15.0,0.12.0.1))
+$(foreach release,$(TORCH_RELEASES),$(eval $(call wheel_check,3.11-torch-$(release),3.11,$(release),0.10.2)))
 
 check-wheels: check-wheel-3.11 check-wheel-3.12 check-wheel-3.13
+check-wheel-3.11-all-torch: $(foreach release,$(TORCH_RELEASES),check-wheel-3.11-torch-$(release))
 
 # --- the oldest and newest supported torch, each with a jax and Python of its own ---
 # torch 2.11 with the oldest jax (0.10, Python 3.11) and torch 2.15 with the newest (0.12,
