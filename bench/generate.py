@@ -15,8 +15,9 @@ each variant generates once untimed (compiles) and then `repeats` times timed:
 
 Reported per variant: ms per new token (a whole generate() divided by 128, prefill
 included), tokens/s, whether the tokens equal CPU eager's; for tpu variants per new token:
-executables run, host syncs (downloads), host bytes moved and donated buffers, and the
-graphs compiled in the timed runs (0 when nothing recompiles).
+executables run, host reads (downloads; the stopping check's is deferred, so it does not
+stall the host), host bytes moved and donated buffers, and the graphs compiled in the timed
+runs (0 when nothing recompiles).
 
     python bench/generate.py                # alone
     python bench/run.py --only generate     # as the "generate" section of make bench
@@ -246,7 +247,7 @@ def generate_table(result) -> str:
     title = (f"batch {result['batch']}, prompt {result['prompt']}, {result['new']} new tokens, greedy; "
              f"load average {result['load']:.1f} at the end\n\n")
     return title + markdown_table(["variant", "ms / new token", "tokens/s", "tokens = eager", "executes / token",
-                                   "host syncs / token", "bytes to device / token", "bytes to host / token",
+                                   "host reads / token", "bytes to device / token", "bytes to host / token",
                                    "donated / token", "compiles (timed runs)"], rows)
 
 

@@ -108,7 +108,8 @@ def test_greedy_tokens_equal_cpu_with_compiles_that_do_not_grow(fresh, family, c
     assert metrics.counters()["fallback_ops"] == {}
     steps = per_step(counters)
     assert len(steps) == NEW
-    # One host sync per token: the stopping check (bool(unfinished.max() == 0)). A step whose
+    # One host read per token: the stopping check's flag (unfinished.max() == 0), copied
+    # without blocking and read one step late (transformers' DeferredStopCheck). A step whose
     # graph moves to a new bucket also pads its inputs on the host: the first padded step and,
     # for a dynamic cache, each doubling (2 such steps here; 3 allowed). The last step also
     # reads the output.
@@ -126,6 +127,29 @@ def test_greedy_tokens_equal_cpu_with_compiles_that_do_not_grow(fresh, family, c
         # One compile each time the sequence crosses a bucket (8 -> 16 -> 32: 2 measured,
         # plus the first padded step inside the window); 4 allowed.
         assert sum(later) + steps[-1][0] <= 4, steps
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_an_early_stop_at_eos_equals_cpu_with_the_stop_check_deferred(fresh, cache, monkeypatch):
+    # transformers' DeferredStopCheck (enabled for tpu by torchtpu.integrations.transformers)
+    # reads each step's "all finished?" flag one step late, through a non-blocking copy to
+    # pinned memory, computes one step too many and undoes it: the result must still be CPU's.
+    cpu, tpu = models("gpt2")
+    ids = prompt()
+    kw = {"cache_implementation": "static"} if cache == "static" else {}
+    full = generate(cpu, ids, **kw)
+    # Each row's token at an early step is an end of sequence: CPU stops well before NEW.
+    eos = sorted({int(full[0, PROMPT + 3]), int(full[1, PROMPT + 6])})
+    expected = generate(cpu, ids, min_new_tokens=0, eos_token_id=eos, **kw)
+    assert expected.shape[1] < PROMPT + NEW
+    deferred = transformers.generation.utils.DeferredStopCheck
+    calls = []
+    check = deferred.__call__
+    monkeypatch.setattr(deferred, "__call__", lambda self, *a: calls.append(1) or check(self, *a))
+    out = generate(tpu, ids.to("tpu"), min_new_tokens=0, eos_token_id=eos, **kw)
+    assert torch.equal(out.cpu(), expected)
+    assert len(calls) >= expected.shape[1] - PROMPT - 1  # the deferred check ran every step
+    assert metrics.counters()["fallback_ops"] == {}
 
 
 def test_strict_mode_tokens_equal_cpu(fresh):

@@ -44,6 +44,8 @@ COVERED_ELSEWHERE = {
     "transformers decode loop": "tests/test_generate.py::test_greedy_tokens_equal_cpu_with_compiles_that_do_not_grow",
     "transformers compile config":
         "tests/test_generate.py::test_inductor_compile_config_uses_the_tpu_backend",
+    "transformers deferred stop check":
+        "tests/test_generate.py::test_an_early_stop_at_eos_equals_cpu_with_the_stop_check_deferred",
 }
 
 
@@ -56,7 +58,8 @@ def _adapter_args(name):
                "pytorch_lightning accelerator connector":
                    "pytorch_lightning.trainer.connectors.accelerator_connector",
                "transformers decode loop": "transformers.generation.utils",
-               "transformers compile config": "transformers.modeling_utils"}
+               "transformers compile config": "transformers.modeling_utils",
+               "transformers deferred stop check": "transformers.generation.utils"}
     if name not in modules:
         return ()
     module = importlib.import_module(modules[name])
@@ -317,13 +320,15 @@ def _changed_torch():
          "does not exist"),
         ("transformers decode loop", generation_utils.GenerationMixin, "_sample", _other_signature, "takes"),
         ("transformers compile config", modeling_utils.PreTrainedModel, "get_compiled_call", None, "does not exist"),
+        ("transformers deferred stop check", generation_utils.DeferredStopCheck, "__init__", _broken,
+         "takes"),
     ]
 
 
-@pytest.mark.parametrize("index", range(28))
+@pytest.mark.parametrize("index", range(29))
 def test_a_changed_torch_internal_fails_its_patch_loudly(monkeypatch, index):
     cases = _changed_torch()
-    assert len(cases) == 28
+    assert len(cases) == 29
     name, owner, attribute, changed, complaint = cases[index]
     if (owner, attribute) in _patches._originals:  # patched already: the guard checks the project's own
         monkeypatch.setitem(_patches._originals, (owner, attribute), changed)

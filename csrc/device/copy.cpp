@@ -3,6 +3,7 @@
 // device goes through tpu_copy (into a sharded tensor, copy_onto_layout: device/spmd.h);
 // every copy to the host through to_host.
 #include "device/explain.h"
+#include "device/host_copies.h"
 #include "device/kernels.h"
 #include "device/spmd.h"
 
@@ -40,8 +41,9 @@ at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef, std::optio
 }
 
 // _copy_from(self, dst): dst.copy_(self) where either is a tpu tensor. A tpu dst gets self
-// converted to its dtype and broadcast to its shape.
-at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
+// converted to its dtype and broadcast to its shape. non_blocking into pinned host memory
+// returns before the bytes land (device/host_copies.h).
+at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   if (explaining()) report_route("aten::_copy_from", "own kernel", "csrc/device/copy.cpp: a copy between devices (tpu_copy)");
   return translate_errors([&] {
     if (is_tpu(dst)) {
@@ -51,7 +53,7 @@ at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
       }
       ValuePtr v = tpu_copy(self, dst.device().index(), to_dtype(dst.scalar_type()));
       store_value(dst, broadcast_value(v, dst.sizes().vec()));
-    } else {
+    } else if (!(non_blocking && copy_to_pinned_later(self, dst))) {
       dst.copy_(to_host(self));
     }
     return dst;

@@ -3,7 +3,6 @@
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/ops/empty.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <array>
@@ -12,6 +11,8 @@
 #include <mutex>
 
 #include "device/generator.h"
+#include "device/host_copies.h"
+#include "device/kernels.h"
 #include "device/tensor.h"
 #include "engine/engine.h"
 
@@ -28,13 +29,23 @@ thread_local std::array<c10::StreamId, kMaxDevices> g_current_stream{};
 // An event marks a point in a device's work. Recording a plain event flushes nothing (FSDP-
 // style event traffic keeps one fused graph per step); recording a timing event waits for
 // the device, so elapsed_time is the host time between two points the device had reached.
+// A plain event remembers the non-blocking copies issued before it and the last graph
+// launched (a result of it, `marker`): synchronizing waits for those only, so a loop that
+// reads each step's flag one step late (transformers' DeferredStopCheck) never waits for the
+// step the device is running. With work recorded but not yet launched, it waits for all.
 struct TpuEvent {
   bool timing = false;
   bool finished = false;
   std::chrono::steady_clock::time_point reached;
+  int device = 0;
+  uint64_t copies = 0;  // host_copies_issued() when recorded
+  BufferPtr marker;     // Engine::last_launch_marker() when recorded
 };
 
-void wait_for_device() { Engine::get().sync(true); }
+void wait_for_device() {
+  Engine::get().sync(true);
+  finish_host_copies();
+}
 
 struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
@@ -74,19 +85,24 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
     wait_for_device();  // no completion probe: wait, then the answer is exact
     return true;
   }
-  void synchronizeStream(const c10::Stream&) const override { wait_for_device(); }
-  void synchronizeDevice(const c10::DeviceIndex) const override { wait_for_device(); }
+  void synchronizeStream(const c10::Stream&) const override { translate_errors(wait_for_device); }
+  void synchronizeDevice(const c10::DeviceIndex) const override { translate_errors(wait_for_device); }
 
-  void record(void** event, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag flag) const override {
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag flag) const override {
     if (!*event) *event = new TpuEvent();
     auto* e = static_cast<TpuEvent*>(*event);
     e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
     e->finished = false;
+    e->device = stream.device_index();
+    e->marker.reset();
     if (e->timing) {
       wait_for_device();
       e->reached = std::chrono::steady_clock::now();
       e->finished = true;
+      return;
     }
+    e->copies = host_copies_issued();
+    e->marker = Engine::get().last_launch_marker();
   }
   void block(void*, const c10::Stream&) const override {}  // later work on any stream runs after it
   bool queryEvent(void* event) const override {
@@ -96,8 +112,19 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void synchronizeEvent(void* event) const override {
     auto* e = static_cast<TpuEvent*>(event);
     if (!e || e->finished) return;
-    wait_for_device();
+    bool marked = !e->marker || e->marker->device == e->device;  // else: another device's graph
+    BufferPtr marker = std::move(e->marker);
     e->finished = true;
+    // A failed runtime check of the work waited for raises here, as CPU's kernel would have.
+    translate_errors([&] {
+      if (Engine::get().pending_ops() > 0 || !marked) {
+        wait_for_device();
+        return;
+      }
+      finish_host_copies(e->copies);
+      if (marker) runtime().wait(*marker);
+      Engine::get().raise_failed_checks(e->device);
+    });
   }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     auto* a = static_cast<TpuEvent*>(start);
@@ -132,8 +159,8 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void*) const override {
     TORCH_CHECK(false, "torchtpu: tpu tensors have no host pointers");
   }
-  bool isPinnedPtr(const void*) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* ptr) const override { return is_pinned_ptr(ptr); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return pinned_allocator(); }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
   void setCurrentDevice(c10::DeviceIndex d) const override { set_current_device(d); }

@@ -321,22 +321,26 @@ at::Tensor unpad_on_host(const at::Tensor& host, const PaddedBuffer& padded) {
 
 }  // namespace
 
-at::Tensor download(const ValuePtr& value) {
-  std::shared_ptr<const PaddedBuffer> padded;
-  BufferPtr buffer;
-  {
-    EngineLock lock;
-    Engine::get().compute(value);
-    if (value->padded_only()) padded = value->padded;
-    else buffer = Engine::get().materialize(value);
-  }
-  if (buffer && buffer->sharding) {  // laid out over a mesh: gathered from its shards
-    at::Tensor out = download_sharded(*buffer);
+IssuedRead issue_read(const ValuePtr& value) {
+  IssuedRead read;
+  read.value = value;
+  EngineLock lock;
+  Engine::get().compute(value);
+  if (value->padded_only()) read.padded = value->padded;
+  else read.buffer = Engine::get().materialize(value);
+  return read;
+}
+
+at::Tensor finish_read(const IssuedRead& read) {
+  const ValuePtr& value = read.value;
+  const std::shared_ptr<const PaddedBuffer>& padded = read.padded;
+  if (read.buffer && read.buffer->sharding) {  // laid out over a mesh: gathered from its shards
+    at::Tensor out = download_sharded(*read.buffer);
     Engine::get().raise_failed_checks(value->device);
     Engine::get().metrics().bytes_to_host += value->type.nbytes();
     return out;
   }
-  const DeviceBuffer& source = padded ? *padded->buffer : *buffer;
+  const DeviceBuffer& source = padded ? *padded->buffer : *read.buffer;
   if (tracing()) {
     // The copy waits for the value's computation: traced apart, the transfer's span is the copy.
     TraceSpan wait([&] {
@@ -360,6 +364,8 @@ at::Tensor download(const ValuePtr& value) {
   Engine::get().metrics().downloads++;
   return out;
 }
+
+at::Tensor download(const ValuePtr& value) { return finish_read(issue_read(value)); }
 
 ValuePtr convert_value(const ValuePtr& value, DType dtype) {
   if (value->type.dtype == dtype) return value;

@@ -71,6 +71,15 @@ at::Tensor wrap_for_user(const at::Tensor& raw);
 // Host <-> device copies (observation points in fused mode).
 ValuePtr upload(const at::Tensor& cpu, int device);
 at::Tensor download(const ValuePtr& value);  // a fresh contiguous CPU tensor
+// download() in two halves: issue_read launches what computes the value (no wait) and
+// holds its buffer; finish_read waits for it and copies it to a fresh CPU tensor.
+struct IssuedRead {
+  ValuePtr value;
+  std::shared_ptr<const PaddedBuffer> padded;  // a value a bucketed graph computed padded
+  BufferPtr buffer;                           // otherwise its buffer
+};
+IssuedRead issue_read(const ValuePtr& value);
+at::Tensor finish_read(const IssuedRead& read);
 
 // The kind of an op the device layer records itself; its lowering must exist.
 OpKind lowered_kind(const char* name);

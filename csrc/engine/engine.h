@@ -96,6 +96,9 @@ class Engine {
   // as a download, just ended).
   void raise_failed_checks(int device);
   int64_t pending_ops() const { return pending_ops_; }
+  // The smallest live result of the last graph launched, or null: held by an event, it marks
+  // that point of its device's work (XLA runs a device's graphs in the order issued).
+  BufferPtr last_launch_marker();
   // A value that must pass a test on the host (the descriptors a collective gathered to
   // check that every rank issued the same one): `verify` gets its int64 contents and returns
   // "" or an error message. Checked when the host next waits for results (materialize,
@@ -325,5 +328,14 @@ class EngineLock {
  private:
   std::recursive_mutex& mutex_;
 };
+
+inline BufferPtr Engine::last_launch_marker() {
+  EngineLock lock;
+  BufferPtr smallest;
+  for (const auto& weak : last_results_)
+    if (BufferPtr b = weak.lock())
+      if (!smallest || b->type.nbytes() < smallest->type.nbytes()) smallest = std::move(b);
+  return smallest;
+}
 
 }  // namespace torchtpu
