@@ -102,3 +102,38 @@ def test_build_splits_sources_into_common_library_and_glue(tmp_path):
     # The PJRT runtime is torch- and Python-free (built once); its Python bindings are glue.
     assert {"csrc/runtime/pjrt_runtime.cpp", "csrc/runtime/pjrt_plugin.cpp", "csrc/runtime/pjrt_options.cpp"} <= core
     assert "csrc/python/pjrt.cpp" in glue
+
+
+def sources():
+    """(path relative to csrc, text) for every .h and .cpp file."""
+    for path in sorted(CSRC.rglob("*")):
+        if path.suffix in (".h", ".cpp"):
+            yield path.relative_to(CSRC).as_posix(), path.read_text()
+
+
+def test_every_file_opens_with_its_role():
+    # STYLE.md: a file starts with one line on its role; the engine's split by job is read
+    # from these lines and from docs/ARCHITECTURE.md's layout.
+    assert [rel for rel, text in sources() if not text.startswith("// ")] == []
+
+
+def test_every_engine_file_is_in_the_architecture_layout():
+    # docs/ARCHITECTURE.md lists csrc/engine/ one file per job: a new file gets its line there.
+    layout = (CSRC.parent / "docs" / "ARCHITECTURE.md").read_text()
+    engine = {rel.split("/")[1].split(".")[0] for rel, _ in sources() if rel.startswith("engine/")}
+    assert {name for name in engine if not re.search(rf"\b{name}(\.h)?(\.cpp|/\.cpp)", layout)} == set()
+
+
+# An op named by text ("stablehlo.add") or a dimension-number attribute spelt by hand.
+SPELT_OP = re.compile(r'"(stablehlo|chlo)\.[a-z_]+"|#stablehlo\.(gather|scatter|dot|conv)<')
+
+
+def test_only_the_stablehlo_folder_spells_ops():
+    # Typed emission: lowerings and the engine name ops by Hlo enumerator and dimension numbers
+    # by struct (stablehlo/builder.h), so a misspelt op is a compile error, not an XLA parse
+    # error for a whole module. Only csrc/stablehlo/ holds the mnemonic table and the printers.
+    spelt = [f"csrc/{rel}:{number}" for rel, text in sources() if rel.split("/")[0] in ("lowering", "engine")
+             for number, line in enumerate(text.splitlines(), 1) if SPELT_OP.search(line)]
+    assert spelt == []
+    builder = (CSRC / "stablehlo" / "builder.cpp").read_text()
+    assert SPELT_OP.search(builder) and SPELT_OP.search('V s = ctx.emit("stablehlo.add", {a, b}, t);')

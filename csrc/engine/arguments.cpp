@@ -1,8 +1,9 @@
-// What a launch passes besides parameter buffers: the scalar packs, and buffers replicated onto a mesh.
+// What a launch passes besides parameter buffers: the scalar packs (lifted, then uploaded), and buffers replicated onto a mesh.
 #include "engine/engine.h"
 
 #include <vector>
 
+#include "engine/graph_plan.h"
 #include "engine/trace.h"
 
 namespace torchtpu {
@@ -27,6 +28,36 @@ BufferPtr upload_to(const void* data, const TensorType& type, int device, const 
 }
 
 }  // namespace
+
+// Lifted scalar arguments, in node order, become the float and int packs; each node's
+// lifted_slots say where its arguments start (left empty for a node without lifted
+// arguments, most of them: no allocation per node at every flush).
+void Engine::lift_scalars(Graph& g) {
+  g.float_scalars.clear();
+  g.int_scalars.clear();
+  g.lifted_slots.assign(g.nodes.size(), {});
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const Node* node = g.nodes[n];
+    auto& slots = g.lifted_slots[n];
+    for (size_t a = 0; a < node->args.size(); ++a) {
+      const Arg& arg = node->args[a];
+      if (!arg.lifted) continue;
+      if (slots.empty()) slots.assign(node->args.size(), -1);
+      switch (arg.kind) {
+        case Arg::Kind::Double: slots[a] = static_cast<int>(g.float_scalars.size()); g.float_scalars.push_back(arg.d); break;
+        case Arg::Kind::DoubleList: case Arg::Kind::Complex:
+          slots[a] = static_cast<int>(g.float_scalars.size());
+          g.float_scalars.insert(g.float_scalars.end(), arg.doubles.begin(), arg.doubles.end());
+          break;
+        case Arg::Kind::IntList: case Arg::Kind::BoolList:
+          slots[a] = static_cast<int>(g.int_scalars.size());
+          g.int_scalars.insert(g.int_scalars.end(), arg.ints.begin(), arg.ints.end());
+          break;
+        default: slots[a] = static_cast<int>(g.int_scalars.size()); g.int_scalars.push_back(arg.i); break;
+      }
+    }
+  }
+}
 
 DType Engine::scalar_float_dtype() { return runtime().has_float64() ? DType::Float64 : DType::Float32; }
 

@@ -132,15 +132,7 @@ namespace {
 uint64_t structure_hash(const Engine::Graph& g) {
   uint64_t h = hash_mix(0x5B0C, static_cast<uint64_t>(g.device));
   for (const ValuePtr& p : g.params) h = hash_mix(hash_mix(h, static_cast<uint64_t>(p->type.dtype)), p->type.shape.size());
-  for (const Node* node : g.nodes) {
-    h = hash_mix(h, hash_node_structure(*node));
-    for (const ValuePtr& v : node->operands) {
-      if (v->pending()) h = hash_mix(hash_mix(h, g.node_index.at(v->node.get()) * 2 + 1), v->output_index);
-      else h = hash_mix(h, g.param_index.at(v.get()) * 2);
-    }
-  }
-  for (const ValuePtr& r : g.roots) h = hash_mix(hash_mix(h, g.node_index.at(r->node.get())), r->output_index);
-  return h;
+  return hash_wiring(h, g, hash_node_structure);
 }
 
 SymbolicGraph::Ref ref_of(const Engine::Graph& g, const ValuePtr& v) {

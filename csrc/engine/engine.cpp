@@ -11,41 +11,6 @@
 
 namespace torchtpu {
 
-const char* mode_name(Mode mode) {
-  switch (mode) {
-    case Mode::Debug: return "debug";
-    case Mode::Strict: return "strict";
-    case Mode::Fused: return "fused";
-  }
-  return "?";
-}
-
-Mode parse_mode(const std::string& name) {
-  if (name == "debug") return Mode::Debug;
-  if (name == "strict") return Mode::Strict;
-  if (name == "fused") return Mode::Fused;
-  throw std::invalid_argument("torchtpu: unknown mode '" + name + "'; choose debug, strict or fused");
-}
-
-const char* flush_reason_name(FlushReason reason) {
-  switch (reason) {
-    case FlushReason::Observation: return "observation";
-    case FlushReason::OptimizerStep: return "optimizer_step";
-    case FlushReason::SizeLimit: return "size_limit";
-    case FlushReason::Sync: return "sync";
-    case FlushReason::ModeChange: return "mode_change";
-    case FlushReason::TorchCompile: return "torch_compile";
-  }
-  return "?";
-}
-
-FlushReason parse_flush_reason(const std::string& name) {
-  for (FlushReason r : {FlushReason::Observation, FlushReason::OptimizerStep, FlushReason::SizeLimit, FlushReason::Sync,
-                        FlushReason::ModeChange, FlushReason::TorchCompile})
-    if (name == flush_reason_name(r)) return r;
-  throw std::invalid_argument("torchtpu: unknown flush reason '" + name + "'");
-}
-
 // A forked child raises before it waits on a lock some parent thread may have held at fork().
 EngineLock::EngineLock() : mutex_((check_not_forked(), Engine::get().mutex())) {
   if (mutex_.try_lock()) return;
@@ -69,30 +34,6 @@ void Engine::set_mode(Mode mode) {
       flush_locked(d, FlushReason::ModeChange);
   }
   mode_.store(mode);
-}
-
-void Engine::reset_metrics() {
-  EngineLock lock;
-  metrics_.ops_traced = 0;
-  metrics_.graphs_compiled = 0;
-  metrics_.cache_hits_memory = 0;
-  metrics_.cache_hits_disk = 0;
-  metrics_.execute_count = 0;
-  metrics_.bytes_to_device = 0;
-  metrics_.bytes_to_host = 0;
-  metrics_.downloads = 0;
-  metrics_.recompilations = 0;
-  metrics_.donated_buffers = 0;
-  metrics_.executables_evicted = 0;
-  metrics_.compile_seconds = 0;
-  metrics_.fallback_ops.clear();
-  metrics_.recompilation_log.clear();
-  reset_bucket_counts(*buckets_);
-}
-
-void Engine::record_fallback(const std::string& op) {
-  EngineLock lock;
-  metrics_.fallback_ops[op] += 1;
 }
 
 ValuePtr Engine::from_buffer(BufferPtr buffer) {
@@ -244,33 +185,6 @@ void Engine::sync(bool wait, FlushReason reason) {
   run_checks_locked();
 }
 
-void Engine::add_check(ValuePtr value, std::function<std::string(const std::vector<int64_t>&)> verify) {
-  EngineLock lock;
-  host_checks_.push_back(HostCheck{std::move(value), std::move(verify)});
-}
-
-// Reads the computed check values (a few bytes each; not counted as transfers of user data).
-void Engine::run_checks_locked() {
-  if (host_checks_.empty()) return;
-  std::vector<HostCheck> keep;
-  std::string errors;
-  for (HostCheck& check : host_checks_) {
-    if (check.value->pending() || !check.value->buffer) {
-      keep.push_back(std::move(check));
-      continue;
-    }
-    std::string message = check.verify(runtime().read_int64(*check.value->buffer));
-    if (!message.empty() && errors.empty()) errors = message;
-  }
-  host_checks_.swap(keep);
-  if (!errors.empty()) throw std::runtime_error(errors);
-}
-
-void Engine::raise_failed_checks(int device) {
-  EngineLock lock;
-  if (runtime_initialized()) checks_.raise_failed(runtime(), device, /*wait=*/false);
-}
-
 void Engine::flush_locked(int device, FlushReason reason) {
   if (pending_.empty()) return;
   std::vector<ValuePtr> roots;
@@ -327,7 +241,8 @@ void Engine::flush_locked(int device, FlushReason reason) {
   if (pending_.empty()) pending_ops_ = 0;
 }
 
-// ---- running a graph: plan donation, lift scalars, hash, find or compile, launch -------
+// ---- running a graph: plan donation, lift scalars (arguments.cpp), hash (graph_plan.cpp),
+// find or compile (compile.cpp), launch ---------------------------------------------------
 
 // A padded graph's parameter that carries the buffer of a value computed padded (buckets.cpp):
 // donatable when that value is the buffer's only other holder and only pending nodes hold it.
@@ -371,57 +286,6 @@ void Engine::plan_donation(Graph& g) {
       }
     }
   }
-}
-
-// Lifted scalar arguments, in node order, become the float and int packs; each node's
-// lifted_slots say where its arguments start (left empty for a node without lifted
-// arguments, most of them: no allocation per node at every flush).
-void Engine::lift_scalars(Graph& g) {
-  g.float_scalars.clear();
-  g.int_scalars.clear();
-  g.lifted_slots.assign(g.nodes.size(), {});
-  for (size_t n = 0; n < g.nodes.size(); ++n) {
-    const Node* node = g.nodes[n];
-    auto& slots = g.lifted_slots[n];
-    for (size_t a = 0; a < node->args.size(); ++a) {
-      const Arg& arg = node->args[a];
-      if (!arg.lifted) continue;
-      if (slots.empty()) slots.assign(node->args.size(), -1);
-      switch (arg.kind) {
-        case Arg::Kind::Double: slots[a] = static_cast<int>(g.float_scalars.size()); g.float_scalars.push_back(arg.d); break;
-        case Arg::Kind::DoubleList: case Arg::Kind::Complex:
-          slots[a] = static_cast<int>(g.float_scalars.size());
-          g.float_scalars.insert(g.float_scalars.end(), arg.doubles.begin(), arg.doubles.end());
-          break;
-        case Arg::Kind::IntList: case Arg::Kind::BoolList:
-          slots[a] = static_cast<int>(g.int_scalars.size());
-          g.int_scalars.insert(g.int_scalars.end(), arg.ints.begin(), arg.ints.end());
-          break;
-        default: slots[a] = static_cast<int>(g.int_scalars.size()); g.int_scalars.push_back(arg.i); break;
-      }
-    }
-  }
-}
-
-// Structural hash, the memory cache's key: node hashes, wiring, roots, parameter types,
-// donation and the sizes of the scalar packs.
-void Engine::hash_graph(Graph& g) {
-  uint64_t h = hash_mix(0x7A3F, static_cast<uint64_t>(g.device));
-  for (const Node* node : g.nodes) {
-    h = hash_mix(h, node->hash);
-    for (const ValuePtr& v : node->operands) {
-      if (v->pending()) h = hash_mix(hash_mix(h, g.node_index.at(v->node.get()) * 2 + 1), v->output_index);
-      else h = hash_mix(h, g.param_index.at(v.get()) * 2);
-    }
-  }
-  for (const ValuePtr& r : g.roots) h = hash_mix(hash_mix(h, g.node_index.at(r->node.get())), r->output_index);
-  for (size_t p = 0; p < g.params.size(); ++p) h = hash_mix(hash_type(h, g.params[p]->type), g.aliasing[p] + 2);
-  h = hash_mix(hash_mix(h, g.float_scalars.size()), g.int_scalars.size());
-  if (g.mesh) {  // a partitioned executable is made for its mesh and its arguments' shardings
-    for (int d : g.mesh->devices) h = hash_mix(h, static_cast<uint64_t>(d) + 1);
-    for (size_t p = 0; p < g.params.size(); ++p) h = hash_string(h, argument_sharding(g, p));
-  }
-  g.hash = h;
 }
 
 std::vector<BufferPtr> Engine::launch(Executable& exe, const std::vector<BufferPtr>& args,

@@ -220,8 +220,8 @@ class Engine {
   // The steps of running a graph (run_graph), in order.
   void plan_donation(Graph& graph);
   bool carried_unheld(const Value& param) const;
-  void lift_scalars(Graph& graph);
-  void hash_graph(Graph& graph);
+  void lift_scalars(Graph& graph);  // arguments.cpp
+  void hash_graph(Graph& graph);    // graph_plan.cpp
   CompiledPtr find_or_compile(Graph& graph);
   void run_graph(Graph& graph);
   // The steps of compiling one (find_or_compile on a memory-cache miss; compile.cpp).
@@ -236,7 +236,7 @@ class Engine {
   DType scalar_float_dtype();
 
   void flush_locked(int device, FlushReason reason);
-  void run_checks_locked();
+  void run_checks_locked();  // host_checks.cpp
   // Collectives (collectives.cpp; fused mode): a pending graph holds collectives of one
   // replica set only, and a collective always runs, even when nothing holds its result (the
   // other ranks wait for it).

@@ -1,4 +1,4 @@
-// Assembling an Engine::Graph: its nodes in order, its parameters and their layouts.
+// Assembling an Engine::Graph (its nodes in order, its parameters and their layouts) and hashing it.
 #include "engine/engine.h"
 
 #include "engine/graph_plan.h"
@@ -38,6 +38,32 @@ Engine::Graph side_by_side(const std::vector<Node*>& nodes, int device, MeshPtr 
   }
   g.aliasing.assign(g.params.size(), -1);
   return g;
+}
+
+uint64_t hash_wiring(uint64_t h, const Engine::Graph& g, uint64_t (*node_hash)(const Node&)) {
+  for (const Node* node : g.nodes) {
+    h = hash_mix(h, node_hash(*node));
+    for (const ValuePtr& v : node->operands) {
+      if (v->pending()) h = hash_mix(hash_mix(h, g.node_index.at(v->node.get()) * 2 + 1), v->output_index);
+      else h = hash_mix(h, g.param_index.at(v.get()) * 2);
+    }
+  }
+  for (const ValuePtr& r : g.roots) h = hash_mix(hash_mix(h, g.node_index.at(r->node.get())), r->output_index);
+  return h;
+}
+
+// Structural hash, the memory cache's key: node hashes, wiring, roots, parameter types,
+// donation and the sizes of the scalar packs.
+void Engine::hash_graph(Graph& g) {
+  uint64_t h = hash_wiring(hash_mix(0x7A3F, static_cast<uint64_t>(g.device)), g,
+                           [](const Node& node) { return node.hash; });
+  for (size_t p = 0; p < g.params.size(); ++p) h = hash_mix(hash_type(h, g.params[p]->type), g.aliasing[p] + 2);
+  h = hash_mix(hash_mix(h, g.float_scalars.size()), g.int_scalars.size());
+  if (g.mesh) {  // a partitioned executable is made for its mesh and its arguments' shardings
+    for (int d : g.mesh->devices) h = hash_mix(h, static_cast<uint64_t>(d) + 1);
+    for (size_t p = 0; p < g.params.size(); ++p) h = hash_string(h, argument_sharding(g, p));
+  }
+  g.hash = h;
 }
 
 void collect_nodes(Engine::Graph* g, const std::vector<ValuePtr>& roots) {

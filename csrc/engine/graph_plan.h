@@ -133,6 +133,12 @@ Engine::Graph graph_of(std::vector<ValuePtr> roots, int device, MeshPtr mesh, st
 // give it some, or its module returns every node's results.
 Engine::Graph side_by_side(const std::vector<Node*>& nodes, int device, MeshPtr mesh);
 
+// Mixes into h the graph's wiring: each node's node_hash and where its operands come from (a
+// node's output or a parameter), then its roots. The one walk both of a graph's hashes take:
+// Engine::hash_graph's (node hashes, the memory cache's key) and the bucket structure's
+// (hash_node_structure, blind to sizes; buckets.cpp).
+uint64_t hash_wiring(uint64_t h, const Engine::Graph& g, uint64_t (*node_hash)(const Node&));
+
 // The layout in which a partitioned graph's parameter arrives (graph_plan.cpp).
 std::string argument_sharding(const Engine::Graph& g, size_t p);
 

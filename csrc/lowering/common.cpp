@@ -222,13 +222,13 @@ V gather_linear(LoweringContext& ctx, const V& x, const V& idx) {
   return ctx.emit(Hlo::Gather, {flat, idx}, out, attrs);
 }
 
-V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, const char* combine) {
+V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, std::optional<Hlo> combine) {
   if (idx.type.numel() == 0 || x.type.numel() == 0) return x;
   V flat = ctx.reshape(x, {x.type.numel()});
   TensorType scalar{{}, x.type.dtype};
   std::string body = ctx.region({scalar, scalar}, [&](const std::vector<V>& args) {
     if (!combine) return std::vector<V>{args[1]};
-    return std::vector<V>{ctx.binary(combine, args[0], args[1])};
+    return std::vector<V>{ctx.binary(*combine, args[0], args[1])};
   });
   ScatterDimensionNumbers numbers{.inserted_window_dims = {0}, .scatter_dims_to_operand_dims = {0},
                                   .index_vector_dim = idx.type.rank()};
@@ -236,10 +236,6 @@ V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& update
                       ", unique_indices = false";
   V out = ctx.emit(Hlo::Scatter, {flat, idx, ctx.convert(updates, x.type.dtype)}, flat.type, attrs, body);
   return ctx.reshape(out, x.type.shape);
-}
-
-V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, std::optional<Hlo> combine) {
-  return scatter_linear(ctx, x, idx, updates, combine ? hlo_name(*combine) : nullptr);
 }
 
 }  // namespace torchtpu

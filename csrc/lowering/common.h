@@ -53,10 +53,8 @@ struct Ex {
   V max(const V& a, const V& b) const { return c.binary(Hlo::Maximum, a, b); }
   V min(const V& a, const V& b) const { return c.binary(Hlo::Minimum, a, b); }
   V un(Hlo op, const V& a) const { return c.unary(op, a); }
-  V un(const char* op, const V& a) const { return c.unary(op, a); }
   V sel(const V& p, const V& a, const V& b) const { return c.select(p, a, b); }
   V cmp(Cmp dir, const V& a, const V& b) const { return c.compare(dir, a, b); }
-  V cmp(const char* dir, const V& a, const V& b) const { return c.compare(dir, a, b); }
   V isnan(const V& a) const { return c.compare(Cmp::NE, a, a); }
   V band(const V& a, const V& b) const { return c.emit(Hlo::And, {a, b}, a.type); }
   V bor(const V& a, const V& b) const { return c.emit(Hlo::Or, {a, b}, a.type); }
@@ -101,8 +99,6 @@ V gather_linear(LoweringContext& ctx, const V& x, const V& idx);
 // x with `updates` (idx's shape) combined at linear positions idx: combine is none to
 // overwrite or a StableHLO binary op (Hlo::Add, Hlo::Maximum, ...).
 V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, std::optional<Hlo> combine);
-// The same with the op named by text (nullptr: overwrite), for lowerings not yet converted to Hlo.
-V scatter_linear(LoweringContext& ctx, const V& x, const V& idx, const V& updates, const char* combine);
 }  // namespace torchtpu
 
 // --- Checked indexing ---------------------------------------------------------------------

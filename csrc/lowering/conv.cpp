@@ -7,26 +7,39 @@ namespace {
 
 using Pads = std::vector<std::pair<int64_t, int64_t>>;
 
-std::string dims_spec(const std::string& a, const std::string& b, int64_t spatial) {
-  std::string s = "[" + a + ", " + b;
-  for (int64_t i = 0; i < spatial; ++i) s += ", " + std::to_string(i);
-  return s + "]";
+// PyTorch's layout (ConvDimensionNumbers' default roles) with `spatial` spatial dims after them.
+ConvDimensionNumbers channels_first(int64_t spatial) {
+  ConvDimensionNumbers d;
+  for (int64_t i = 0; i < spatial; ++i) {
+    d.input_spatial_dimensions.push_back(2 + i);
+    d.kernel_spatial_dimensions.push_back(2 + i);
+    d.output_spatial_dimensions.push_back(2 + i);
+  }
+  return d;
 }
 
-// Generic stablehlo.convolution. lhs/rhs/out name the role of dims 0 and 1 ("b, f", "o, i").
-V conv(LoweringContext& ctx, const V& lhs, const V& rhs, const std::string& lhs_spec, const std::string& rhs_spec,
-       const std::string& out_spec, const std::vector<int64_t>& strides, const Pads& pads,
-       const std::vector<int64_t>& lhs_dil, const std::vector<int64_t>& rhs_dil, int64_t feature_groups,
-       int64_t batch_groups, const TensorType& result) {
+// The weight gradient's: the input [N, C, ...] has its batch summed over as the features and
+// its channels as the batch, the output cotangent [N, O, ...] is the kernel, and the result
+// comes out [O, C, ...], the weight's layout.
+ConvDimensionNumbers weight_gradient_roles(int64_t spatial) {
+  ConvDimensionNumbers d = channels_first(spatial);
+  std::swap(d.input_batch_dimension, d.input_feature_dimension);
+  std::swap(d.kernel_input_feature_dimension, d.kernel_output_feature_dimension);
+  std::swap(d.output_batch_dimension, d.output_feature_dimension);
+  return d;
+}
+
+// Generic stablehlo.convolution.
+V conv(LoweringContext& ctx, const V& lhs, const V& rhs, const ConvDimensionNumbers& roles,
+       const std::vector<int64_t>& strides, const Pads& pads, const std::vector<int64_t>& lhs_dil,
+       const std::vector<int64_t>& rhs_dil, int64_t feature_groups, int64_t batch_groups, const TensorType& result) {
   int64_t k = static_cast<int64_t>(strides.size());
   std::string padding = "dense<[";
   for (int64_t i = 0; i < k; ++i)
     padding += (i ? ", [" : "[") + std::to_string(pads[i].first) + ", " + std::to_string(pads[i].second) + "]";
   padding += "]> : tensor<" + std::to_string(k) + "x2xi64>";
-  std::string attrs = "dimension_numbers = #stablehlo.conv<" + dims_spec(lhs_spec.substr(0, 1), lhs_spec.substr(3, 1), k) +
-                      "x" + dims_spec(rhs_spec.substr(0, 1), rhs_spec.substr(3, 1), k) + "->" +
-                      dims_spec(out_spec.substr(0, 1), out_spec.substr(3, 1), k) + ">, window_strides = " +
-                      format_dims(strides) + ", padding = " + padding + ", lhs_dilation = " + format_dims(lhs_dil) +
+  std::string attrs = "dimension_numbers = " + roles.attribute() + ", window_strides = " + format_dims(strides) +
+                      ", padding = " + padding + ", lhs_dilation = " + format_dims(lhs_dil) +
                       ", rhs_dilation = " + format_dims(rhs_dil) + ", feature_group_count = " +
                       std::to_string(feature_groups) + " : i64, batch_group_count = " + std::to_string(batch_groups) +
                       " : i64";
@@ -82,7 +95,7 @@ V conv_transpose(LoweringContext& ctx, const V& x, const V& w, const ConvParams&
   std::vector<int64_t> spatial_dims;
   for (int64_t i = 0; i < k; ++i) spatial_dims.push_back(2 + i);
   kernel = ctx.emit(Hlo::Reverse, {kernel}, kernel.type, "dimensions = " + format_dims(spatial_dims));
-  return conv(ctx, x, kernel, "b, f", "o, i", "b, f", ones(k), pads, p.stride, p.dilation, g, 1, result);
+  return conv(ctx, x, kernel, channels_first(k), ones(k), pads, p.stride, p.dilation, g, 1, result);
 }
 
 // Gradient of conv(lhs, w) (stride/padding/dilation of p, groups) w.r.t. w, given the
@@ -98,7 +111,7 @@ V conv_weight_grad(LoweringContext& ctx, const V& lhs, const V& g, const ConvPar
     int64_t hi = (dilate(out, p.stride[i]) - dilate(in, 1)) + (dilate(kernel_size[i], p.dilation[i]) - lo - 1);
     pads.push_back({lo, hi});
   }
-  return conv(ctx, lhs, g, "f, b", "i, o", "f, b", p.dilation, pads, ones(k), p.stride, 1, p.groups, result);
+  return conv(ctx, lhs, g, weight_gradient_roles(k), p.dilation, pads, ones(k), p.stride, 1, p.groups, result);
 }
 
 // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -121,7 +134,7 @@ void lower_convolution(LoweringContext& ctx, const Node& node) {
   if (!p.transposed) {
     Pads pads;
     for (int64_t i = 0; i < k; ++i) pads.push_back({p.padding[i], p.padding[i]});
-    y = conv(ctx, x, w, "b, f", "o, i", "b, f", p.stride, pads, ones(k), p.dilation, p.groups, 1, out);
+    y = conv(ctx, x, w, channels_first(k), p.stride, pads, ones(k), p.dilation, p.groups, 1, out);
   } else {
     Pads pads;
     for (int64_t i = 0; i < k; ++i) {
@@ -165,7 +178,7 @@ void lower_convolution_backward(LoweringContext& ctx, const Node& node) {
     } else {
       Pads pads;
       for (int64_t i = 0; i < k; ++i) pads.push_back({p.padding[i], p.padding[i]});
-      results.push_back(conv(ctx, gc, wc, "b, f", "o, i", "b, f", p.stride, pads, ones(k), p.dilation, p.groups, 1, t));
+      results.push_back(conv(ctx, gc, wc, channels_first(k), p.stride, pads, ones(k), p.dilation, p.groups, 1, t));
     }
   }
   if (mask[1]) {

@@ -38,7 +38,7 @@ void lower_cumulative_extremum(LoweringContext& ctx, const Node& node) {
   TensorType sv{{}, keys.type.dtype}, si{{}, DType::Int64};
   std::string body = ctx.region({sv, si, sv, si}, [&](const std::vector<V>& a) {
     const V &av = a[0], &ai = a[1], &bv = a[2], &bi = a[3];
-    V b_better = ctx.compare(is_max ? "GT" : "LT", bv, av);
+    V b_better = ctx.compare(is_max ? Cmp::GT : Cmp::LT, bv, av);
     V same = ctx.compare(Cmp::EQ, bv, av);
     if (is_floating(dt)) {
       V a_nan = ctx.compare(Cmp::NE, av, av), b_nan = ctx.compare(Cmp::NE, bv, bv);

@@ -39,7 +39,7 @@ V true_positions(LoweringContext& ctx, const V& keep, int64_t size) {
   V unfilled = ctx.constant_int(-1, DType::Int64, {size});
   if (n == 0 || size == 0) return unfilled;
   return scatter_linear(ctx, unfilled, packed_positions(ctx, flat, size), ctx.iota(TensorType{{n}, DType::Int64}, 0),
-                        nullptr);
+                        std::nullopt);
 }
 
 // The coordinate along `dim` of each linear position into `shape` (-1 stays -1).
@@ -113,7 +113,7 @@ void lower_masked_select(LoweringContext& ctx, const Node& node) {
   V flat_x = ctx.reshape(ctx.broadcast_to(x, shape), {n});
   V flat_mask = ctx.reshape(ctx.broadcast_to(mask, shape), {n});
   V packed = ctx.constant(0, out.dtype, out.shape);
-  ctx.set_result(scatter_linear(ctx, packed, packed_positions(ctx, flat_mask, out.shape[0]), flat_x, nullptr));
+  ctx.set_result(scatter_linear(ctx, packed, packed_positions(ctx, flat_mask, out.shape[0]), flat_x, std::nullopt));
 }
 
 // torchtpu::masked_count(mask, shape): how many elements masked_select keeps.
@@ -204,7 +204,7 @@ void lower_unique(LoweringContext& ctx, const Node& node) {
   int64_t R = g.rows.type.shape[0], M = g.rows.type.shape[1];
   V first_slot = ctx.select(g.is_first, g.group, ctx.constant_int(size, DType::Int64, {R}));
   // The original row that represents each group (its first in sorted order).
-  V representative = scatter_linear(ctx, ctx.constant_int(0, DType::Int64, {size}), first_slot, g.order, nullptr);
+  V representative = scatter_linear(ctx, ctx.constant_int(0, DType::Int64, {size}), first_slot, g.order, std::nullopt);
   V rows = as_rows(ctx, x, dim);
   V positions = ctx.binary(Hlo::Add,
                            ctx.binary(Hlo::Multiply, ctx.broadcast_in_dim(representative, {size, M}, {0}),
@@ -224,7 +224,7 @@ void lower_unique(LoweringContext& ctx, const Node& node) {
   } else {
     values = ctx.reshape(picked, values_type.shape);
   }
-  V inverse = scatter_linear(ctx, ctx.constant_int(0, DType::Int64, {R}), g.order, g.group, nullptr);
+  V inverse = scatter_linear(ctx, ctx.constant_int(0, DType::Int64, {R}), g.order, g.group, std::nullopt);
   V counts = scatter_linear(ctx, ctx.constant_int(0, DType::Int64, {size}), g.group,
                             ctx.constant_int(1, DType::Int64, {R}), Hlo::Add);
   ctx.set_results({values, inverse_type.numel() ? ctx.reshape(inverse, inverse_type.shape)

@@ -88,7 +88,7 @@ void lower_index_copy(LoweringContext& ctx, const Node& node) {
   IndexCheck check = bounds_check(dim, shape[dim], false, RuntimeCheck::Error::Index);
   check.message = "index_copy_(): " + check.message;
   V pos = slice_positions(ctx, shape, dim, ctx.input(node, 2), source_shape, check);
-  V r = scatter_linear(ctx, ctx.reshape(x, shape), pos, ctx.reshape(source, source_shape), nullptr);
+  V r = scatter_linear(ctx, ctx.reshape(x, shape), pos, ctx.reshape(source, source_shape), std::nullopt);
   ctx.set_result(ctx.reshape(r, out.shape));
 }
 
@@ -115,7 +115,7 @@ void lower_index_reduce(LoweringContext& ctx, const Node& node) {
   if (!include_self) {
     V identity = reduce == "prod" ? ctx.constant(1, dt) : reduce == "amax" ? lowest_scalar(ctx, dt)
                  : reduce == "amin" ? highest_scalar(ctx, dt) : ctx.constant(0, dt);
-    base = scatter_linear(ctx, base, pos, ctx.broadcast_to(identity, source_shape), nullptr);
+    base = scatter_linear(ctx, base, pos, ctx.broadcast_to(identity, source_shape), std::nullopt);
   }
   V r = scatter_linear(ctx, base, pos, updates, combine);
   if (reduce == "mean") {

@@ -259,7 +259,7 @@ void lower_scatter_reduce(LoweringContext& ctx, const Node& node) {
                  : reduce == "amax" ? lowest_scalar(ctx, dt)
                  : reduce == "amin" ? highest_scalar(ctx, dt)
                                     : ctx.constant(0, dt);
-    base = scatter_linear(ctx, x, pos, ctx.broadcast_to(identity, index.type.shape), nullptr);
+    base = scatter_linear(ctx, x, pos, ctx.broadcast_to(identity, index.type.shape), std::nullopt);
   }
   V result = scatter_linear(ctx, base, pos, updates, combiner(reduce, dt));
   if (reduce == "mean") {
@@ -431,7 +431,7 @@ std::vector<V> sort_along(LoweringContext& ctx, const V& x, int64_t dim, bool de
   bool fp = is_floating(x.type.dtype);
   std::string body = ctx.region({s, s, si, si}, [&](const std::vector<V>& a) {
     V lhs = a[0], rhs = a[1];
-    V less = ctx.compare(descending ? "GT" : "LT", lhs, rhs);
+    V less = ctx.compare(descending ? Cmp::GT : Cmp::LT, lhs, rhs);
     if (fp) {
       V lhs_nan = ctx.compare(Cmp::NE, lhs, lhs), rhs_nan = ctx.compare(Cmp::NE, rhs, rhs);
       // ascending: non-NaN before NaN; descending: NaN first.

@@ -34,7 +34,7 @@ V keep_triangle(LoweringContext& ctx, const V& x, bool lower) {
   int64_t r = x.type.rank();
   TensorType index{x.type.shape, DType::Int64};
   V rows = ctx.iota(index, r - 2), cols = ctx.iota(index, r - 1);
-  V keep = ctx.compare(lower ? "GE" : "LE", rows, cols);
+  V keep = ctx.compare(lower ? Cmp::GE : Cmp::LE, rows, cols);
   return ctx.select(keep, x, ctx.constant(0, x.type.dtype, x.type.shape));
 }
 
@@ -113,7 +113,7 @@ V cholesky_info(LoweringContext& ctx, const V& a, const V& factor, bool upper, c
   TensorType index_scalar{{}, DType::Int64};
   std::string on_failure = ctx.region({}, [&](const std::vector<V>&) {
     TensorType index{a.type.shape, DType::Int64};
-    V read = ctx.compare(upper ? "LE" : "GE", ctx.iota(index, r - 2), ctx.iota(index, r - 1));
+    V read = ctx.compare(upper ? Cmp::LE : Cmp::GE, ctx.iota(index, r - 2), ctx.iota(index, r - 1));
     std::vector<int64_t> swap(r);
     for (int64_t d = 0; d < r; ++d) swap[d] = d;
     std::swap(swap[r - 1], swap[r - 2]);

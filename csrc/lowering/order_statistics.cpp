@@ -191,7 +191,7 @@ V binary_search(LoweringContext& ctx, const V& boundaries, const V& values, bool
     V active = ctx.compare(Cmp::LT, start, end);
     V mid = ctx.binary(Hlo::Add, start, ctx.binary(Hlo::Divide, ctx.binary(Hlo::Subtract, end, start), k(2)));
     V at = ctx.binary(Hlo::Add, row, ctx.binary(Hlo::Minimum, mid, k(m - 1)));
-    V go_right = ctx.unary(Hlo::Not, ctx.compare(right ? "GT" : "GE", gather_linear(ctx, boundaries, at), values));
+    V go_right = ctx.unary(Hlo::Not, ctx.compare(right ? Cmp::GT : Cmp::GE, gather_linear(ctx, boundaries, at), values));
     start = ctx.select(ctx.binary(Hlo::And, active, go_right), ctx.binary(Hlo::Add, mid, k(1)), start);
     end = ctx.select(ctx.binary(Hlo::And, active, ctx.unary(Hlo::Not, go_right)), mid, end);
   }

@@ -150,7 +150,7 @@ std::vector<V> arg_reduce(LoweringContext& ctx, const V& x, int64_t dim, bool is
   TensorType sv{{}, dt}, si{{}, DType::Int64};
   std::string body = ctx.region({sv, si, sv, si}, [&](const std::vector<V>& a) {
     const V &av = a[0], &ai = a[1], &bv = a[2], &bi = a[3];
-    V better = ctx.compare(is_max ? "GT" : "LT", av, bv);
+    V better = ctx.compare(is_max ? Cmp::GT : Cmp::LT, av, bv);
     V equal = ctx.compare(Cmp::EQ, av, bv);
     if (is_floating(dt)) {
       V a_nan = ctx.compare(Cmp::NE, av, av), b_nan = ctx.compare(Cmp::NE, bv, bv);

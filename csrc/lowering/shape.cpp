@@ -195,7 +195,7 @@ void lower_view_scatter(LoweringContext& ctx, const Node& node) {
   V src = ctx.input(node, 1);
   Geometry g = view_geometry(node, x.type.shape, 2);
   V idx = view_index(ctx, g, x.type.numel());
-  ctx.set_result(scatter_linear(ctx, x, idx, ctx.reshape(src, g.shape), nullptr));
+  ctx.set_result(scatter_linear(ctx, x, idx, ctx.reshape(src, g.shape), std::nullopt));
 }
 
 // select_backward / slice_backward / diagonal_backward / unfold_backward(grad, input_sizes, ...):

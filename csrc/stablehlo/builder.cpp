@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <stdexcept>
 
 namespace torchtpu {
@@ -38,6 +37,26 @@ std::string DotDimensionNumbers::attribute() const {
          ", rhs_batching_dimensions = " + format_list(rhs_batching) +
          ", lhs_contracting_dimensions = " + format_list(lhs_contracting) +
          ", rhs_contracting_dimensions = " + format_list(rhs_contracting) + ">";
+}
+
+namespace {
+// "[b, f, 0, 1]": each dim of a convolution operand named by its role or its spatial index.
+std::string conv_roles(int64_t first, const char* first_role, int64_t second, const char* second_role,
+                       const std::vector<int64_t>& spatial) {
+  std::vector<std::string> names(spatial.size() + 2);
+  names.at(first) = first_role;
+  names.at(second) = second_role;
+  for (size_t i = 0; i < spatial.size(); ++i) names.at(spatial[i]) = std::to_string(i);
+  std::string s = "[";
+  for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];
+  return s + "]";
+}
+}  // namespace
+
+std::string ConvDimensionNumbers::attribute() const {
+  return "#stablehlo.conv<" + conv_roles(input_batch_dimension, "b", input_feature_dimension, "f", input_spatial_dimensions) +
+         "x" + conv_roles(kernel_output_feature_dimension, "o", kernel_input_feature_dimension, "i", kernel_spatial_dimensions) +
+         "->" + conv_roles(output_batch_dimension, "b", output_feature_dimension, "f", output_spatial_dimensions) + ">";
 }
 
 std::string format_dims(const std::vector<int64_t>& dims) {
@@ -130,7 +149,7 @@ void LoweringContext::define_functions(const std::string& key, const std::string
 
 std::vector<V> LoweringContext::call(const std::string& function, const std::vector<V>& operands,
                                      const std::vector<TensorType>& results) {
-  return emit_multi("func.call", operands, results, "callee = @\"" + function + "\"");
+  return emit_named("func.call", operands, results, "callee = @\"" + function + "\"", "");
 }
 
 void LoweringContext::begin_node(const Node& node, std::vector<V> operands, std::vector<int> lifted_slots) {
@@ -228,27 +247,22 @@ V LoweringContext::complex_scalar(const Arg& a, int slot, DType dtype) {
 
 V LoweringContext::emit(Hlo op, const std::vector<V>& operands, const TensorType& result, const std::string& attrs,
                         const std::string& regions) {
-  return emit_multi(hlo_name(op), operands, {result}, attrs, regions)[0];
+  return emit_named(hlo_name(op), operands, {result}, attrs, regions)[0];
 }
 
 std::vector<V> LoweringContext::emit_multi(Hlo op, const std::vector<V>& operands,
                                            const std::vector<TensorType>& results, const std::string& attrs,
                                            const std::string& regions) {
-  return emit_multi(hlo_name(op), operands, results, attrs, regions);
+  return emit_named(hlo_name(op), operands, results, attrs, regions);
 }
 
-V LoweringContext::emit(const std::string& op, const std::vector<V>& operands, const TensorType& result,
-                        const std::string& attrs, const std::string& regions) {
-  return emit_multi(op, operands, {result}, attrs, regions)[0];
-}
-
-std::vector<V> LoweringContext::emit_multi(const std::string& op, const std::vector<V>& operands,
+std::vector<V> LoweringContext::emit_named(const char* op, const std::vector<V>& operands,
                                            const std::vector<TensorType>& results, const std::string& attrs,
                                            const std::string& regions) {
   std::string name = fresh_name();
   std::string line = "    " + name;
   if (results.size() > 1) line += ":" + std::to_string(results.size());
-  line += " = \"" + op + "\"(";
+  line += " = \"" + std::string(op) + "\"(";
   for (size_t i = 0; i < operands.size(); ++i) line += (i ? ", " : "") + operands[i].name;
   line += ")";
   if (!regions.empty()) line += " (" + regions + ")";
@@ -411,54 +425,37 @@ V LoweringContext::concatenate(const std::vector<V>& xs, int64_t dim) {
   return emit(Hlo::Concatenate, xs, type, "dimension = " + std::to_string(dim) + " : i64");
 }
 
-void LoweringContext::check_same_type(const char* op, const V& a, const V& b) const {
+void LoweringContext::check_same_type(Hlo op, const V& a, const V& b) const {
   if (a.type == b.type) return;
-  throw std::logic_error(std::string("torchtpu: ") + op + " takes operands of one type, got " + a.type.mlir() +
+  throw std::logic_error(std::string("torchtpu: ") + hlo_name(op) + " takes operands of one type, got " + a.type.mlir() +
                          " and " + b.type.mlir() + (node_ ? " (lowering " + node_->op.name() + ")" : ""));
 }
 
 V LoweringContext::unary(Hlo op, const V& x) { return emit(op, {x}, x.type); }
 
 V LoweringContext::binary(Hlo op, const V& a, const V& b) {
-  check_same_type(hlo_name(op), a, b);
+  check_same_type(op, a, b);
   return emit(op, {a, b}, a.type);
 }
 
 V LoweringContext::compare(Cmp direction, const V& a, const V& b) {
-  check_same_type(hlo_name(Hlo::Compare), a, b);
+  check_same_type(Hlo::Compare, a, b);
   return emit(Hlo::Compare, {a, b}, TensorType{a.type.shape, DType::Bool},
               std::string("comparison_direction = #stablehlo<comparison_direction ") + cmp_name(direction) +
                   ">, compare_type = #stablehlo<comparison_type " + compare_type(a.type.dtype) + ">");
 }
 
 V LoweringContext::select(const V& pred, const V& on_true, const V& on_false) {
-  check_same_type(hlo_name(Hlo::Select), on_true, on_false);
+  check_same_type(Hlo::Select, on_true, on_false);
   if (pred.type.dtype != DType::Bool || (pred.type.rank() != 0 && pred.type.shape != on_true.type.shape))
-    throw std::logic_error("torchtpu: stablehlo.select takes a bool predicate of its operands' shape or 0-d, got " +
-                           pred.type.mlir() + " for " + on_true.type.mlir() +
+    throw std::logic_error(std::string("torchtpu: ") + hlo_name(Hlo::Select) +
+                           " takes a bool predicate of its operands' shape or 0-d, got " + pred.type.mlir() + " for " +
+                           on_true.type.mlir() +
                            (node_ ? " (lowering " + node_->op.name() + ")" : ""));
   return emit(Hlo::Select, {pred, on_true, on_false}, on_true.type);
 }
 
 V LoweringContext::reduce(const V& x, const std::vector<int64_t>& dims, const V& init, Hlo op) {
-  return reduce(x, dims, init, hlo_name(op));
-}
-
-V LoweringContext::unary(const char* op, const V& x) { return emit(op, {x}, x.type); }
-
-V LoweringContext::binary(const char* op, const V& a, const V& b) {
-  check_same_type(op, a, b);
-  return emit(op, {a, b}, a.type);
-}
-
-V LoweringContext::compare(const char* direction, const V& a, const V& b) {
-  static const char* const directions[] = {"EQ", "NE", "LT", "LE", "GT", "GE"};
-  for (int i = 0; i < 6; ++i)
-    if (std::strcmp(direction, directions[i]) == 0) return compare(static_cast<Cmp>(i), a, b);
-  throw std::logic_error(std::string("torchtpu: no comparison direction ") + direction);
-}
-
-V LoweringContext::reduce(const V& x, const std::vector<int64_t>& dims, const V& init, const char* op) {
   TensorType scalar{{}, x.type.dtype};
   std::string body = region({scalar, scalar}, [&](const std::vector<V>& args) {
     return std::vector<V>{binary(op, args[0], args[1])};

@@ -59,6 +59,19 @@ struct DotDimensionNumbers {
   std::vector<int64_t> lhs_batching, rhs_batching, lhs_contracting, rhs_contracting;
   std::string attribute() const;  // "#stablehlo.dot<...>"
 };
+// Which dims of stablehlo.convolution's input, kernel and output are the batch, the features
+// and the spatial dims (StableHLO's field names). attribute() prints the compact form: one
+// list per operand, each dim named by its role ("b", "f"; "i", "o") or its spatial index.
+// The roles default to PyTorch's layout: [N, C, spatial...] input and output, [O, I, ...] kernel.
+struct ConvDimensionNumbers {
+  int64_t input_batch_dimension = 0, input_feature_dimension = 1;
+  std::vector<int64_t> input_spatial_dimensions;
+  int64_t kernel_input_feature_dimension = 1, kernel_output_feature_dimension = 0;
+  std::vector<int64_t> kernel_spatial_dimensions;
+  int64_t output_batch_dimension = 0, output_feature_dimension = 1;
+  std::vector<int64_t> output_spatial_dimensions;
+  std::string attribute() const;  // "#stablehlo.conv<[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]>"
+};
 
 // A condition a lowering cannot decide while compiling (an index out of range, an integer
 // division by zero). The graph computes it; the engine reads it when the host next waits for
@@ -116,12 +129,6 @@ class LoweringContext {
          const std::string& regions = "");
   std::vector<V> emit_multi(Hlo op, const std::vector<V>& operands, const std::vector<TensorType>& results,
                             const std::string& attrs = "", const std::string& regions = "");
-  // The same for an op named by text (a custom op name; prefer Hlo).
-  V emit(const std::string& op, const std::vector<V>& operands, const TensorType& result,
-         const std::string& attrs = "", const std::string& regions = "");
-  std::vector<V> emit_multi(const std::string& op, const std::vector<V>& operands,
-                            const std::vector<TensorType>& results, const std::string& attrs = "",
-                            const std::string& regions = "");
   // A region with one block taking scalar tensors of `arg_types`; `body` receives the block
   // arguments and returns the values to yield.
   template <typename F>
@@ -164,11 +171,6 @@ class LoweringContext {
   V select(const V& pred, const V& on_true, const V& on_false);
   // Reduces `dims` of x with a two-argument elementwise op (Hlo::Add, Hlo::Maximum).
   V reduce(const V& x, const std::vector<int64_t>& dims, const V& init, Hlo op);
-  // The text-named forms of the above, for lowerings not yet converted to Hlo / Cmp.
-  V unary(const char* op, const V& x);
-  V binary(const char* op, const V& a, const V& b);
-  V compare(const char* direction, const V& a, const V& b);
-  V reduce(const V& x, const std::vector<int64_t>& dims, const V& init, const char* op);
   V iota(const TensorType& type, int64_t dim);
   V dot_general(const V& lhs, const V& rhs, const std::vector<int64_t>& lhs_batch,
                 const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
@@ -186,7 +188,11 @@ class LoweringContext {
  private:
   void append(const std::string& line) { body_ += line; }
   // Throws unless a and b have one type (the operands of an elementwise `op`).
-  void check_same_type(const char* op, const V& a, const V& b) const;
+  void check_same_type(Hlo op, const V& a, const V& b) const;
+  // The one emission of an op named by text: func.call (call()), which is no StableHLO op and
+  // so has no Hlo enumerator. Every other op goes through emit(Hlo) / emit_multi(Hlo).
+  std::vector<V> emit_named(const char* op, const std::vector<V>& operands, const std::vector<TensorType>& results,
+                            const std::string& attrs, const std::string& regions);
   V complex_scalar(const Arg& a, int slot, DType dtype);  // a Complex argument: a constant (slot < 0) or lifted
 
   std::string body_;

@@ -299,6 +299,14 @@ void test_dimension_numbers_print_as_stablehlo() {
   DotDimensionNumbers dot{{}, {}, {1}, {0}};
   CHECK(dot.attribute() == "#stablehlo.dot<lhs_batching_dimensions = [], rhs_batching_dimensions = [], "
                            "lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>");
+  ConvDimensionNumbers conv2d{.input_spatial_dimensions = {2, 3}, .kernel_spatial_dimensions = {2, 3},
+                              .output_spatial_dimensions = {2, 3}};
+  CHECK(conv2d.attribute() == "#stablehlo.conv<[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]>");
+  ConvDimensionNumbers swapped{1, 0, {2}, 0, 1, {2}, 1, 0, {2}};  // conv.cpp's weight gradient
+  CHECK(swapped.attribute() == "#stablehlo.conv<[f, b, 0]x[i, o, 0]->[f, b, 0]>");
+  // Channels last (NWC input and output, WIO kernel): roles anywhere, spatial dims by index.
+  ConvDimensionNumbers nwc{0, 2, {1}, 1, 2, {0}, 0, 2, {1}};
+  CHECK(nwc.attribute() == "#stablehlo.conv<[b, 0, f]x[0, i, o]->[b, 0, f]>");
 }
 
 void test_rule_parameters_are_typed() {
