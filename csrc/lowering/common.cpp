@@ -296,6 +296,8 @@ const char* cpp_type_name(DType dtype) {
     case DType::Float64: return "double";
     case DType::Bool: return "bool";
     case DType::BFloat16: return "c10::BFloat16";
+    case DType::ComplexFloat: return "c10::complex<float>";
+    case DType::ComplexDouble: return "c10::complex<double>";
   }
   return "?";
 }
@@ -312,6 +314,8 @@ const char* scalar_type_name(DType dtype) {
     case DType::Float64: return "Double";
     case DType::Bool: return "Bool";
     case DType::BFloat16: return "BFloat16";
+    case DType::ComplexFloat: return "ComplexFloat";
+    case DType::ComplexDouble: return "ComplexDouble";
   }
   return "?";
 }
