@@ -97,4 +97,9 @@ void finish_host_copies(uint64_t through) {
   }
 }
 
+void synchronize(bool wait, FlushReason reason) {
+  Engine::get().sync(wait, reason);
+  if (wait) finish_host_copies();
+}
+
 }  // namespace torchtpu

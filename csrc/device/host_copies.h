@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "engine/engine.h"
+
 namespace torchtpu {
 
 // torch's pinned-memory allocator for tpu (`pin_memory=True`, `Tensor.pin_memory()`): host
@@ -27,5 +29,8 @@ uint64_t host_copies_issued();
 // Completes (waiting for their sources) the copies issued up to the `through`-th, oldest
 // first; the first failure (a failed runtime check of the source's graph) raises here.
 void finish_host_copies(uint64_t through = std::numeric_limits<uint64_t>::max());
+// Runs all pending work and, with `wait`, waits for the device and lands every issued copy:
+// what torch.tpu.synchronize(), a stream's or device's synchronize and torchtpu.sync(True) do.
+void synchronize(bool wait, FlushReason reason = FlushReason::Sync);
 
 }  // namespace torchtpu

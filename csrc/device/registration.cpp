@@ -42,10 +42,7 @@ struct TpuEvent {
   BufferPtr marker;     // Engine::last_launch_marker() when recorded
 };
 
-void wait_for_device() {
-  Engine::get().sync(true);
-  finish_host_copies();
-}
+void wait_for_device() { synchronize(true); }
 
 struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;

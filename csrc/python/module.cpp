@@ -266,12 +266,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_mode", [](const std::string& mode) { Engine::get().set_mode(parse_mode(mode)); },
         py::call_guard<py::gil_scoped_release>());
   m.def("get_mode", [] { return std::string(mode_name(Engine::get().mode())); });
-  m.def("sync", [](bool wait, const std::string& reason) {
-          translate_errors([&] {
-            Engine::get().sync(wait, parse_flush_reason(reason));
-            if (wait) finish_host_copies();  // non-blocking copies to pinned memory land
-          });
-        },
+  m.def("sync", [](bool wait, const std::string& reason) { translate_errors([&] { synchronize(wait, parse_flush_reason(reason)); }); },
         py::arg("wait") = false, py::arg("reason") = "sync", py::call_guard<py::gil_scoped_release>());
   m.def("pending_ops", [] { return Engine::get().pending_ops(); });
   m.def("counters", &counters);
