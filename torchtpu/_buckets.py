@@ -1322,6 +1322,12 @@ class DynamicGraph:
         outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.output_names = [o.name if isinstance(o, torch.fx.Node) else None for o in outputs]
         self.outputs = [_val(o) if isinstance(o, torch.fx.Node) else None for o in outputs]
+        # Where real_sizes reads each symbol, found once (it runs on every call): the inputs
+        # that are a plain symbol, and the (input, dim) sizes that are one.
+        self._symbol_args = [(i, v.node.expr.name) for i, v in enumerate(self.inputs)
+                             if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol]
+        self._symbol_dims = [(i, d, e.name) for i, v in enumerate(self.inputs) if isinstance(v, torch.Tensor)
+                             for d, e in enumerate(map(_expr, v.shape)) if e is not None and e.is_Symbol]
         # Per symbol, the largest constant its lengths add (a cat to T + 1): its bucket holds them all.
         self.headroom = {s: 0 for s in self.symbols}
         for node in gm.graph.nodes:
@@ -1341,16 +1347,16 @@ class DynamicGraph:
             if real is not None:
                 return dict(real)
         reals = {}
-        for v, a in zip(self.inputs, args):
-            if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol and isinstance(a, int):
-                reals[v.node.expr.name] = a
+        for i, name in self._symbol_args:
+            if i < len(args) and isinstance(args[i], int):
+                reals[name] = args[i]
         seen = {}
-        for v, a in zip(self.inputs, args):  # the smallest size seen: the real one
-            if isinstance(v, torch.Tensor) and isinstance(a, torch.Tensor):
-                for e, size in zip(v.shape, a.shape):
-                    e = _expr(e)
-                    if e is not None and e.is_Symbol and e.name not in reals:
-                        seen[e.name] = min(size, seen.get(e.name, size))
+        if any(s not in reals for s in self.symbols):
+            for i, d, name in self._symbol_dims:  # the smallest size seen: the real one
+                a = args[i] if i < len(args) else None
+                if name not in reals and isinstance(a, torch.Tensor) and d < a.dim():
+                    size = a.shape[d]
+                    seen[name] = min(size, seen.get(name, size))
         return {**seen, **reals}
 
     def sizes(self, args, pol="env") -> Sizes | None:
@@ -1390,6 +1396,7 @@ class Padded:
     source: DynamicGraph
     input_specs: dict  # placeholder name -> padding spec
     output_specs: list  # per output: padding spec, or None
+    plans: dict = dataclasses.field(default_factory=dict, repr=False)  # bucket key -> _plan()
 
     @property
     def output_specs_by_name(self) -> dict:
@@ -1401,17 +1408,37 @@ class Padded:
     def prepare(self, args, sizes: Sizes) -> list:
         """The arguments of self.gm for a call with args: tensors padded to the bucket, sizes
         at the bucket's values, and the real lengths last."""
+        plan = self._plan(sizes)
         out = []
-        for name, v, a in zip(self.source.input_names, self.source.inputs, args):
-            if isinstance(v, torch.SymInt):
-                out.append(_eval(v.node.expr, sizes.bucket))
-            elif isinstance(a, torch.Tensor) and name in self.input_specs:
-                out.append(pad(a, self.input_specs[name], sizes.real))
+        for (kind, what), a in zip(plan, args):
+            if kind == "size":
+                out.append(what)
+            elif kind == "pad" and isinstance(a, torch.Tensor):
+                spec, bucket_shape = what
+                # Already padded (a cache kept padded by the last call): the common case.
+                out.append(a if list(a.shape) == bucket_shape else pad(a, spec, sizes.real))
             else:
                 out.append(a)
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
         out.append(torch.tensor([sizes.real[s] for s in self.source.symbols], dtype=torch.int64).to(device))
         return out
+
+    def _plan(self, sizes: Sizes) -> list:
+        """Per input, what prepare does with it at these buckets, worked out once: ("size",
+        its value at the bucket), ("pad", (spec, the padded shape)) or ("keep", None)."""
+        plan = self.plans.get(sizes.key)
+        if plan is None:
+            plan = []
+            for name, v in zip(self.source.input_names, self.source.inputs):
+                if isinstance(v, torch.SymInt):
+                    plan.append(("size", _eval(v.node.expr, sizes.bucket)))
+                elif name in self.input_specs:
+                    spec = self.input_specs[name]
+                    plan.append(("pad", (spec, [_dim_size(dim) for dim in spec])))
+                else:
+                    plan.append(("keep", None))
+            self.plans[sizes.key] = plan
+        return plan
 
     def finish(self, outputs, sizes: Sizes, users: int | None = None) -> list:
         """The outputs as the unpadded graph gives them: the first `users` (all when None)

@@ -265,10 +265,23 @@ class _Structure:
 
             try:
                 padded = self.graph.rewrite(sizes, known)
-                self.variants[key] = (padded, _CompiledGraph(padded.gm, "bucketed", in_flush=True))
+                self.variants[key] = (padded, _CompiledGraph(padded.gm, "bucketed", in_flush=True),
+                                      self.out_layouts(padded))
             except _buckets.NoBucket as e:
                 self.variants[key] = str(e)
         return self.variants[key], known
+
+    def out_layouts(self, padded):
+        """Each output's padding layout as the engine takes it (per dim: (size, symbol index,
+        offset) per factor), or None for an output with no padded dim."""
+        index = {name: i for i, name in enumerate(self.names)}
+        layouts = []
+        for spec in padded.output_specs:
+            padded_dims = spec is not None and any(sym for dim in spec for _, sym in dim)
+            layouts.append([[(size, index[_buckets._split_length(key)[0]], _buckets._split_length(key)[1])
+                             if key else (size, -1, 0) for size, key in dim] for dim in spec]
+                           if padded_dims else None)
+        return layouts
 
     def run(self, symbols, params, layouts, scalars, pol, donatable=()):
         args = [*symbols, *params, *scalars]
@@ -278,7 +291,7 @@ class _Structure:
         found, known = self.variant(sizes, layouts)
         if isinstance(found, str):
             return found
-        padded, replay = found
+        padded, replay, out_layouts = found
         for p, layout in enumerate(layouts):
             if layout and self.layout_spec(layout) != known[f"input{p}"]:  # kept from a smaller bucket
                 i = len(symbols) + p
@@ -293,11 +306,4 @@ class _Structure:
         with torch.no_grad():
             outputs = replay(*inputs, vouched=vouched)
         del inputs
-        index = {name: i for i, name in enumerate(self.names)}
-        out_layouts = []
-        for spec in padded.output_specs:
-            padded_dims = spec is not None and any(sym for dim in spec for _, sym in dim)
-            out_layouts.append([[(size, index[_buckets._split_length(key)[0]], _buckets._split_length(key)[1])
-                                 if key else (size, -1, 0) for size, key in dim] for dim in spec]
-                               if padded_dims else None)
         return [sizes.bucket[name] for name in self.names], list(outputs), out_layouts
