@@ -125,6 +125,7 @@ class _Structure:
         gm = torch.fx.GraphModule(torch.nn.Module(), self.g)
         self.graph = _buckets.DynamicGraph(gm)
         self.variants: dict = {}  # (bucket key, padded inputs' specs) -> Padded, or why not
+        self.specs: dict = {}  # (layout, bucket key or None) -> layout_spec()
 
     # --- rendering ----------------------------------------------------------------------
     def size_value(self, e):
@@ -248,7 +249,17 @@ class _Structure:
     # --- running ------------------------------------------------------------------------
     def layout_spec(self, layout, sizes=None):
         """A padded input's layout as a padding spec at this bucket (its known_specs entry), or
-        as it is held now (sizes None)."""
+        as it is held now (sizes None). Worked out once per layout (the engine passes tuples)."""
+        key = (layout, sizes.key if sizes else None)
+        try:
+            return self.specs[key]
+        except KeyError:
+            spec = self.specs[key] = self._layout_spec(layout, sizes)
+            return spec
+        except TypeError:  # a layout given as lists
+            return self._layout_spec(layout, sizes)
+
+    def _layout_spec(self, layout, sizes):
         return tuple(tuple(((sizes.bucket[self.names[sym]] if sizes else bucket),
                             _buckets._length_key(self.names[sym], offset)) if sym >= 0 else (bucket, None)
                            for bucket, sym, offset in dim) for dim in layout)

@@ -25,13 +25,18 @@ py::list exprs_to_py(const std::vector<SizeExpr>& exprs) {
   return out;
 }
 
+// Tuples, so that Python can key its per-layout work on them (a decode step's cache comes
+// with the same layout on every flush).
 py::object layout_to_py(const LayoutSpec& layout) {
   if (layout.empty()) return py::none();
-  py::list dims;
-  for (const auto& dim : layout) {
-    py::list factors;
-    for (const FactorSpec& f : dim) factors.append(py::make_tuple(f.bucket, f.symbol, f.offset));
-    dims.append(factors);
+  py::tuple dims(layout.size());
+  for (size_t d = 0; d < layout.size(); ++d) {
+    py::tuple factors(layout[d].size());
+    for (size_t i = 0; i < layout[d].size(); ++i) {
+      const FactorSpec& f = layout[d][i];
+      factors[i] = py::make_tuple(f.bucket, f.symbol, f.offset);
+    }
+    dims[d] = factors;
   }
   return dims;
 }
