@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchtpu
-from torchtpu import _C, metrics
+from torchtpu import _C, _buckets, metrics
 
 # Losses and outputs of a padded graph differ from CPU by reduction order only (XLA sums a
 # padded dimension in other blocks than ATen): measured up to 3e-7 relative over these
@@ -328,3 +328,32 @@ def test_values_kept_padded_read_like_exact_ones(reader):
     with torchtpu.mode(reader):
         r = torch.cumsum(h, 0)[-1] - h.mean(0)  # no rule for cumsum: an exact graph
     torch.testing.assert_close(r.cpu(), torch.cumsum(ref, 0)[-1] - ref.mean(0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_large_value_moves_to_the_next_bucket_on_the_device(monkeypatch):
+    # A growing tensor (a KV cache's cat) is carried padded from step to step; when its
+    # length crosses a bucket, the next graph needs it at the larger bucket. A large one
+    # (here: every one) is moved there on the device (a small pad graph, one per pair of
+    # buckets), not through host memory: nothing is read to the host until the user reads
+    # the result.
+    monkeypatch.setattr(_buckets, "DEVICE_PAD_BYTES", 0)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(4, 4, generator=g)
+    w_t = w.to("tpu")
+
+    def step(cache, x, w):
+        return torch.cat([cache, torch.tanh(x @ w)], 0)
+
+    cache, cache_t = torch.zeros(1, 4), torch.zeros(1, 4).to("tpu")
+    torchtpu.sync(wait=True)
+    downloads = metrics.counters()["downloads"]
+    for _ in range(20):  # lengths 2..21: buckets 4, 8, 16, 32
+        x = torch.randn(1, 4, generator=g)
+        cache, cache_t = step(cache, x, w), step(cache_t, x.to("tpu"), w_t)
+        torchtpu.sync()
+    torchtpu.sync(wait=True)
+    assert metrics.counters()["downloads"] == downloads
+    # Exact at length 2, the first bucket's graph at 3, then padded (lengths 3..21 but 4, 8, 16,
+    # where the cache arrives filling its bucket and moves).
+    assert summary("in step")["padded_runs"] >= 15
+    torch.testing.assert_close(cache_t.cpu(), cache, rtol=RTOL, atol=ATOL)

@@ -1263,21 +1263,44 @@ def _factor_sizes(spec, values):
     return real, padded
 
 
-def pad(t: torch.Tensor, spec, reals: dict, current=None) -> torch.Tensor:
+# Tensors at least this large move to a larger bucket on the device (pad() says why): 16 MiB
+# through host memory and back takes milliseconds over PCIe; a small pad graph compiles in
+# tens of milliseconds once per pair of buckets. Smaller ones keep the compile count of a
+# generate() at one per doubling (issue 27).
+DEVICE_PAD_BYTES = 16 << 20
+
+
+def pad(t: torch.Tensor, spec, reals: dict, current=None, pol=None) -> torch.Tensor:
     """t (real sizes, or padded as the spec `current` says) zero-padded to the bucket sizes
-    of `spec` (on the host: no compile; a value kept padded from a smaller bucket is moved
-    to the next one this way once per bucket)."""
+    of `spec`; a value kept padded from a smaller bucket is moved to the next one this way
+    once per bucket.
+
+    On the host by default: no compile, whatever the real sizes. Given the bucket policy
+    `pol`, for a caller whose recorded ops run before its graph (a fused flush padded to a
+    bucket, torchtpu/_fused_buckets.py), a tensor whose sizes are all buckets is padded on
+    its device instead: a value held at a smaller bucket (`current`), or one that fills its
+    bucket exactly (the KV cache a decode step hands over when its length crosses a bucket).
+    That is a constant_pad_nd from one bucket to the next, one small executable per pair of
+    buckets, where the host path moves the whole tensor to host memory and back; so only for
+    tensors of DEVICE_PAD_BYTES or more (a large model's KV cache), where the round trip
+    costs more than the compile. Its padding need not be zero: padded graphs mask what lies
+    past the real lengths."""
     real, padded = _factor_sizes(spec, reals)
     bucket_shape = [_dim_size(dim) for dim in spec]
-    if current is not None and current != spec:
-        held_real, held = _factor_sizes(current, reals)
-        host = t.detach().to("cpu").reshape(held)[tuple(slice(0, r) for r in held_real)]
-        out = torch.zeros(padded, dtype=host.dtype)
-        out[tuple(slice(0, r) for r in real)] = host
-        return out.reshape(bucket_shape).to(t.device)
-    if real == padded or list(t.shape) == bucket_shape:  # nothing to pad, or already padded
+    moved = current is not None and current != spec
+    if not moved and (real == padded or list(t.shape) == bucket_shape):  # nothing to pad, or already padded
         return t
-    host = t.detach().to("cpu").reshape(real)
+    if moved:
+        held_real, held = _factor_sizes(current, reals)
+    else:
+        held_real = held = real
+    # Device padding compiles per (held shape, padded shape): only when each grown factor is a
+    # bucket, and only for a tensor whose round trip costs more than a small compile.
+    if (pol is not None and t.numel() * t.element_size() >= DEVICE_PAD_BYTES
+            and all(bucket_of(h, pol) == h for h, p in zip(held, padded) if h != p)):
+        widths = [w for h, p in zip(reversed(held), reversed(padded)) for w in (0, p - h)]
+        return torch.constant_pad_nd(t.detach().reshape(held), widths, 0).reshape(bucket_shape)
+    host = t.detach().to("cpu").reshape(held)[tuple(slice(0, r) for r in held_real)]
     out = torch.zeros(padded, dtype=host.dtype)
     out[tuple(slice(0, r) for r in real)] = host
     return out.reshape(bucket_shape).to(t.device)
@@ -1405,9 +1428,10 @@ class Padded:
         return {name: spec for name, spec in zip(self.source.output_names, self.output_specs)
                 if name and spec is not None}
 
-    def prepare(self, args, sizes: Sizes) -> list:
-        """The arguments of self.gm for a call with args: tensors padded to the bucket, sizes
-        at the bucket's values, and the real lengths last."""
+    def prepare(self, args, sizes: Sizes, pol=None) -> list:
+        """The arguments of self.gm for a call with args: tensors padded to the bucket (those
+        whose sizes are buckets of `pol` on their device, see pad()), sizes at the bucket's
+        values, and the real lengths last."""
         plan = self._plan(sizes)
         out = []
         for (kind, what), a in zip(plan, args):
@@ -1416,7 +1440,7 @@ class Padded:
             elif kind == "pad" and isinstance(a, torch.Tensor):
                 spec, bucket_shape = what
                 # Already padded (a cache kept padded by the last call): the common case.
-                out.append(a if list(a.shape) == bucket_shape else pad(a, spec, sizes.real))
+                out.append(a if list(a.shape) == bucket_shape else pad(a, spec, sizes.real, pol=pol))
             else:
                 out.append(a)
         device = next(a.device for a in args if isinstance(a, torch.Tensor))
