@@ -47,9 +47,25 @@ def test_opinfo_no_timeouts(coverage):
     assert not s["timeouts"], f"OpInfo ops timed out (> {TIMEOUT_S}s): {s['timeouts']}"
 
 
+def pinned_torch() -> str:
+    """The torch release CI tests and the floor was measured with (constraints.txt)."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "constraints.txt")) as f:
+        return next(line.split("==")[1].strip() for line in f if line.startswith("torch=="))
+
+
 def test_opinfo_passing_set_holds(coverage):
+    import torch
+
     harness = load_tool("op_coverage")
     lost, gained = harness.compare_floor(harness.read_floor(), coverage)
+    # On another torch (make test with tools/constraints-torch-newest.txt) the OpInfo database
+    # itself may lack an entry (torch 2.15 dropped cholesky and qr, the deprecated forms of
+    # linalg.cholesky and linalg.qr): warned, not lost. On the pinned torch every entry must be there.
+    absent = [entry for entry in lost if entry.endswith("not in this torch's OpInfo database")]
+    if absent and torch.__version__.split("+")[0] != pinned_torch():
+        warnings.warn(f"{len(absent)} entries of tests/opinfo_floor.txt are not in torch {torch.__version__}'s "
+                      "OpInfo database:\n  " + "\n  ".join(absent))
+        lost = [entry for entry in lost if entry not in absent]
     if gained:
         warnings.warn(f"{len(gained)} OpInfo entries pass better than tests/opinfo_floor.txt holds; raise them with "
                       f"`{harness.FLOOR_COMMAND}`:\n  " + "\n  ".join(gained))

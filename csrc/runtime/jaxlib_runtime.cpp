@@ -23,7 +23,14 @@ namespace py = pybind11;
 namespace torchtpu {
 namespace {
 
-bool python_alive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
+// Py_IsFinalizing is public from Python 3.13, which removed the private _Py_IsFinalizing.
+bool python_alive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
 
 // Ctrl-C while jaxlib ran (it polls for signals while compiling): the KeyboardInterrupt
 // goes on as it is (runtime.h), never reworded into a RuntimeError. Call with the GIL held.
