@@ -308,9 +308,9 @@ class _Structure:
                 i = len(symbols) + p
                 args[i] = _buckets.pad(args[i], known[f"input{p}"], sizes.real, current=self.layout_spec(layout),
                                        pol=pol)
-        # Padding is recorded here, apart from the flush's pending work; a tensor whose sizes
-        # are buckets is padded on the device, as a small graph run when the replay reads it
-        # (one per pair of buckets), any other on the host (no compile per real size).
+        # Padding is recorded here, apart from the flush's pending work: a large tensor whose
+        # sizes are buckets is padded on the device, as a small graph run when the replay
+        # reads it (one per pair of buckets), any other on the host (_buckets.pad says why).
         inputs = padded.prepare(args, sizes, pol=pol)
         # The flush's parameters only it holds give their buffers to results of their padded
         # type, as when the padded graph is recorded and run (a training step's weights and
