@@ -174,7 +174,8 @@ wheels:
 # import the checkout's torchtpu through torch's autoload). The pairs cover the torch minors
 # check-torch-range does not run; `make check-wheels` runs all three. `make
 # check-wheel-3.11-all-torch` runs the cp311 wheel beside every release in TORCH_RELEASES
-# (jax 0.10: the newest jax on 3.11), one target each (check-wheel-3.11-torch-2.11.0, ...). The venvs are kept (torch and its CUDA libraries are
+# (jax 0.10: the newest jax on 3.11), one target each (check-wheel-3.11-torch-2.11.0, ...);
+# check-wheel-3.12-torch-<release> and check-wheel-3.13-torch-<release> the same with jax 0.12. The venvs are kept (torch and its CUDA libraries are
 # GBs; the torch wheels are taken from $(WHEEL_CACHE)/wheels when there); torchtpu is reinstalled.
 WHEEL_CHECK_DIR := build/wheel-check
 TORCH_RELEASES  := $(shell sed -n 's/^TORCH_RELEASES = (\(.*\))/\1/p' torchtpu/_versions.py | tr -d '",')
@@ -204,6 +205,7 @@ $(eval $(call wheel_check,3.11,3.11,2.12.1,0.10.2))
 $(eval $(call wheel_check,3.12,3.12,2.14.1,0.12.0.1))
 $(eval $(call wheel_check,3.13,3.13,2.15.0,0.12.0.1))
 $(foreach release,$(TORCH_RELEASES),$(eval $(call wheel_check,3.11-torch-$(release),3.11,$(release),0.10.2)))
+$(foreach python,3.12 3.13,$(foreach release,$(TORCH_RELEASES),$(eval $(call wheel_check,$(python)-torch-$(release),$(python),$(release),0.12.0.1))))
 
 check-wheels: check-wheel-3.11 check-wheel-3.12 check-wheel-3.13
 check-wheel-3.11-all-torch: $(foreach release,$(TORCH_RELEASES),check-wheel-3.11-torch-$(release))
